@@ -1,0 +1,157 @@
+"""The ``.leir`` file format: a ``%`` signature header (LaTeX comments) and the program.
+
+Example::
+
+    % program: Gemm ReLU
+    % input A: f32[8,12]
+    % param W: f32[16,12]
+    % output C: f32[8,16]
+    B^{8}_{tx=0}L^{16}_{a=0}L^{12}_{c=0}[D^{f32,g}_{tx,a}=D^{f32,g}_{tx,a}+A^{f32,g}_{tx,c}*W^{f32,g}_{a,c};];
+    B^{8}_{tx=0}L^{16}_{a=0}[C^{f32,g}_{tx,a}=max(D^{f32,g}_{tx,a},0.0);];
+
+Header lines: ``% program: NAME`` once, then ``% ROLE NAME: DTYPE[d0,d1,...]`` with ROLE in
+``input | param | constant | output`` (``DTYPE[]`` is a scalar). Known tensors are the
+function parameters of the lowered program, in header order (inputs, params and constants
+are read; outputs are written). Every other tensor is an intermediate whose shape is
+inferred from its index ranges. Other ``%`` lines are free comments.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ast as A
+from .parser import LeirSyntaxError, parse_program
+from .printer import format_program
+
+ROLES = ("input", "param", "constant", "output")
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """A known tensor: ``role`` in :data:`ROLES`, LEIR ``dtype`` code, ``shape`` (elements)."""
+
+    name: str
+    role: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def is_output(self) -> bool:
+        return self.role == "output"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Program name and known tensors (in function-parameter order)."""
+
+    name: str
+    tensors: tuple[TensorDecl, ...] = ()
+
+    def get(self, name: str) -> TensorDecl | None:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        return None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors)
+
+    @property
+    def inputs(self) -> tuple[TensorDecl, ...]:
+        return tuple(t for t in self.tensors if not t.is_output)
+
+    @property
+    def outputs(self) -> tuple[TensorDecl, ...]:
+        return tuple(t for t in self.tensors if t.is_output)
+
+    def header(self) -> str:
+        lines = [f"% program: {self.name}"]
+        for t in self.tensors:
+            lines.append(f"% {t.role} {t.name}: {t.dtype}[{','.join(map(str, t.shape))}]")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class LeirModule:
+    """A parsed ``.leir`` file: signature + program."""
+
+    signature: Signature
+    program: A.Program
+
+    def text(self) -> str:
+        return format_leir(self)
+
+
+_PROGRAM_RE = re.compile(r"^\s*%\s*program\s*:\s*(?P<name>.*?)\s*$")
+_DECL_RE = re.compile(
+    r"^\s*%\s*(?P<role>input|param|constant|output)\s+(?P<name>[A-Z][A-Za-z0-9]*)\s*:\s*"
+    r"(?P<dtype>[a-z0-9]+)\s*\[(?P<shape>[\d,\s]*)\]\s*$")
+
+
+def parse_leir(text: str, source: str = "<string>") -> LeirModule:
+    """Parse ``.leir`` text (header + program).
+
+    Raises :class:`LeirSyntaxError` (with source, line, column) for a malformed header
+    line or program, a dtype code that does not exist, or a duplicated tensor.
+    """
+    name = None
+    decls: list[TensorDecl] = []
+    body_lines: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        if not stripped.startswith("%"):
+            body_lines.append(line)
+            continue
+        body_lines.append("")  # keep line numbers of the program intact
+        col = len(line) - len(stripped) + 1
+        m = _PROGRAM_RE.match(line)
+        if m:
+            name = m.group("name")
+            continue
+        if re.match(r"^\s*%\s*(input|param|constant|output)\b", line):
+            m = _DECL_RE.match(line)
+            if not m:
+                raise LeirSyntaxError("malformed tensor declaration", source, lineno, col,
+                                      ["'% ROLE NAME: DTYPE[d0,d1,...]'"], f"  {line}")
+            if m.group("dtype") not in A.DTYPES:
+                raise LeirSyntaxError(f"unknown dtype {m.group('dtype')!r}", source, lineno,
+                                      line.index(m.group("dtype")) + 1, sorted(A.DTYPES), f"  {line}")
+            shape_txt = m.group("shape").strip()
+            shape = tuple(int(x) for x in shape_txt.split(",")) if shape_txt else ()
+            if any(s <= 0 for s in shape):
+                raise LeirSyntaxError("tensor dimensions must be positive", source, lineno, col, None, f"  {line}")
+            if any(d.name == m.group("name") for d in decls):
+                raise LeirSyntaxError(f"tensor {m.group('name')} declared twice", source, lineno, col, None,
+                                      f"  {line}")
+            decls.append(TensorDecl(m.group("name"), m.group("role"), m.group("dtype"), shape))
+    prog = parse_program("\n".join(body_lines), source)
+    if name is None:
+        name = Path(source).stem if source != "<string>" else "program"
+    return LeirModule(Signature(name, tuple(decls)), prog)
+
+
+def format_leir(module: LeirModule) -> str:
+    """``.leir`` text: header lines, then one top-level nest per line."""
+    return module.signature.header() + "\n" + format_program(module.program, sep="\n") + "\n"
+
+
+def load_leir(path: str | Path) -> LeirModule:
+    """Read and parse a ``.leir`` file; errors name the file, line and column."""
+    p = Path(path)
+    return parse_leir(p.read_text(), str(p))
+
+
+def save_leir(module: LeirModule, path: str | Path) -> None:
+    """Write a ``.leir`` file atomically (temp file + rename)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(format_leir(module))
+    tmp.replace(p)
+
+
+__all__ = ["ROLES", "TensorDecl", "Signature", "LeirModule", "parse_leir", "format_leir",
+           "load_leir", "save_leir"]

@@ -1,0 +1,284 @@
+"""LEIR text -> AST, with errors that name the source, line, column and what was expected.
+
+The grammar is ``grammar.lark`` beside this file (LALR(1), contextual lexer). Both
+sub/superscript orders are accepted (``B^{8}_{tx=0}`` and ``B_{tx=0}^{8}``), as is the
+"correction" form ``L1[x;]L2[y;];`` which means ``L1[x;L2[y;];];`` (reference-notes §1.1).
+Comparison chains ``1<=c<7`` become ``1<=c & c<7``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from importlib import resources
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from . import ast as A
+
+_TERMINAL_TEXT = {
+    "LOOPKIND": "a loop kind (L, P, V, U, B)",
+    "LOOPKIND_SUB": "a loop kind (L, P, V, U, B)",
+    "NAME": "a tensor name",
+    "IDX": "an index name",
+    "DTYPE": "a dtype code (f16, f32, f64, i32, i64, bool, ...)",
+    "SCOPE": "a storage scope (g, s, l)",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "INF": "'inf'",
+    "FUNC": "a function (exp, log, sqrt, abs, erf, tanh, max, min, if_then_else)",
+    "CMPOP": "a comparison",
+    "OR": "'|'",
+    "AND": "'&'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "SEMICOLON": "';'",
+    "COMMA": "','",
+    "EQUAL": "'='",
+    "CIRCUMFLEX": "'^'",
+    "UNDERSCORE": "'_'",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "PERCENT": "'%'",
+    "BANG": "'!'",
+    "$END": "end of input",
+}
+
+
+class LeirSyntaxError(ValueError):
+    """Malformed LEIR text.
+
+    Attributes: ``source`` (file name or ``"<string>"``), ``line`` and ``column``
+    (1-based), ``expected`` (sorted human-readable alternatives), ``context`` (the
+    offending line with a caret).
+    """
+
+    def __init__(self, message: str, source: str, line: int, column: int,
+                 expected: list[str] | None = None, context: str = ""):
+        self.source, self.line, self.column = source, line, column
+        self.expected = expected or []
+        self.context = context
+        self.reason = message
+        text = f"{source}:{line}:{column}: {message}"
+        if self.expected:
+            text += "; expected " + " or ".join(self.expected)
+        if context:
+            text += "\n" + context
+        super().__init__(text)
+
+
+@lru_cache(maxsize=1)
+def _lark() -> Lark:
+    grammar = resources.files(__package__).joinpath("grammar.lark").read_text()
+    return Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=False,
+                maybe_placeholders=True)
+
+
+def _describe(names) -> list[str]:
+    """Human-readable names for lark terminal names (anonymous ones by their literal)."""
+    literals = {t.name: t.pattern.value for t in _lark().terminals}
+    out = set()
+    for n in names:
+        if n in _TERMINAL_TEXT:
+            out.add(_TERMINAL_TEXT[n])
+        elif n in literals:
+            out.add(repr(literals[n]))
+        else:
+            out.add(n)
+    return sorted(out)
+
+
+def _chain_compare(items):
+    """``a < b <= c`` -> ``(a<b) & (b<=c)``."""
+    operands = items[0::2]
+    ops = [str(t) for t in items[1::2]]
+    result = None
+    for i, op in enumerate(ops):
+        cmp = A.Compare(op, operands[i], operands[i + 1])
+        result = cmp if result is None else A.BoolOp("and", result, cmp)
+    return result
+
+
+@v_args(inline=True)
+class _ToAst(Transformer):
+    def start(self, *nests):
+        return A.Program(tuple(nests))
+
+    def nest(self, loops, *rest):
+        *items, end = rest
+        body = tuple(items)
+        if end is not None:  # correction form: the trailing nest sits inside this one
+            body = body + (end,)
+        return A.Nest(loops, body)
+
+    def end_plain(self):
+        return None
+
+    def end_inner(self, nest):
+        return nest
+
+    def loops(self, *loops):
+        return tuple(loops)
+
+    def loop_sup_first(self, kind, extent, var, start):
+        return self._loop(kind, extent, var, start)
+
+    def loop_sub_first(self, kind, var, start, extent):
+        return self._loop(kind, extent, var, start)
+
+    @staticmethod
+    def _loop(kind, extent, var, start):
+        if int(start) != 0:
+            raise _SemanticError("loop lower bound must be 0", start)
+        if kind == "B" and not (len(var) >= 2 and var[0] in "tb" and var[1] in "xyz"):
+            raise _SemanticError(
+                f"bound loop index '{var}' must start with tx/ty/tz (threadIdx) or bx/by/bz (blockIdx)", var)
+        if int(extent) <= 0:
+            raise _SemanticError("loop extent must be positive", extent)
+        return A.Loop(str(kind), int(extent), str(var))
+
+    def item(self, x):
+        return x
+
+    def equation(self, target, value):
+        return A.Assign(target, value)
+
+    def tensor_sup_first(self, name, dtype, scope, indices):
+        return A.Tensor(str(name), str(dtype), str(scope), tuple(indices or ()))
+
+    def tensor_sub_first(self, name, indices, dtype, scope):
+        return A.Tensor(str(name), str(dtype), str(scope), tuple(indices))
+
+    def exprlist(self, *xs):
+        return list(xs)
+
+    def or_(self, a, _op, b):
+        return A.BoolOp("or", a, b)
+
+    def and_(self, a, _op, b):
+        return A.BoolOp("and", a, b)
+
+    def compare(self, *items):
+        return _chain_compare(items)
+
+    def add(self, a, b):
+        return A.BinOp("+", a, b)
+
+    def sub(self, a, b):
+        return A.BinOp("-", a, b)
+
+    def mul(self, a, b):
+        return A.BinOp("*", a, b)
+
+    def div(self, a, b):
+        return A.BinOp("/", a, b)
+
+    def floordiv(self, a, b):
+        return A.BinOp("//", a, b)
+
+    def mod(self, a, b):
+        return A.BinOp("%", a, b)
+
+    def pow(self, a, b):
+        return A.BinOp("**", a, b)
+
+    def neg(self, a):
+        return A.Neg(a)
+
+    def not_(self, a):
+        return A.Not(a)
+
+    def int(self, t):
+        return A.Int(int(t))
+
+    def float(self, t):
+        return A.Float(float(t))
+
+    def inf(self, _t):
+        return A.Float(math.inf)
+
+    def index(self, t):
+        return A.Index(str(t))
+
+    def call(self, fn, args):
+        name = "if_then_else" if str(fn) == "ifthenelse" else str(fn)
+        arity = A.FUNCTIONS[name]
+        if len(args) != arity:
+            raise _SemanticError(f"{name} takes {arity} argument(s), got {len(args)}", fn)
+        return A.Call(name, tuple(args))
+
+
+class _SemanticError(Exception):
+    def __init__(self, message: str, token):
+        super().__init__(message)
+        self.message = message
+        self.token = token
+
+
+def _context(text: str, line: int, column: int) -> str:
+    lines = text.splitlines() or [""]
+    src = lines[line - 1] if 0 < line <= len(lines) else ""
+    if len(src) > 160:  # keep the caret readable on one-line programs
+        lo = max(0, column - 80)
+        src, column = src[lo:lo + 160], column - lo
+    return f"  {src}\n  {' ' * (column - 1)}^"
+
+
+def parse_program(text: str, source: str = "<string>") -> A.Program:
+    """Parse LEIR text into a :class:`~steptp.leir.ast.Program`.
+
+    ``text`` may contain whitespace and newlines anywhere; ``%`` comment lines must be
+    stripped first (see :func:`steptp.leir.fileformat.parse_leir`).
+
+    Raises :class:`LeirSyntaxError` naming ``source``, line, column and the expected
+    tokens on malformed input (also for semantic slips: loop start != 0, bad bound-loop
+    names, wrong function arity).
+    """
+    try:
+        tree = _lark().parse(text)
+        return _ToAst().transform(tree)
+    except UnexpectedEOF as e:
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        raise LeirSyntaxError("unexpected end of input", source, line, col,
+                              _describe(e.expected), _context(text, line, col)) from None
+    except UnexpectedToken as e:
+        tok = e.token
+        if tok.type == "$END":
+            lines = text.splitlines() or [""]
+            line, col = len(lines), len(lines[-1]) + 1
+            msg = "unexpected end of input"
+        else:
+            line, col = e.line, e.column
+            msg = f"unexpected {tok.value!r}"
+        raise LeirSyntaxError(msg, source, line, col, _describe(e.expected),
+                              _context(text, line, col)) from None
+    except UnexpectedCharacters as e:
+        raise LeirSyntaxError(f"unexpected character {text[e.pos_in_stream]!r}", source, e.line, e.column,
+                              _describe(e.allowed or []), _context(text, e.line, e.column)) from None
+    except UnexpectedInput as e:  # pragma: no cover - other lark error kinds
+        raise LeirSyntaxError(str(e), source, getattr(e, "line", 1), getattr(e, "column", 1)) from None
+    except VisitError as e:
+        inner = e.orig_exc
+        if isinstance(inner, _SemanticError):
+            tok = inner.token
+            line = getattr(tok, "line", 1) or 1
+            col = getattr(tok, "column", 1) or 1
+            raise LeirSyntaxError(inner.message, source, line, col, None, _context(text, line, col)) from None
+        raise
+
+
+def parse_expr(text: str, source: str = "<string>") -> A.Expr:
+    """Parse a single LEIR expression (e.g. ``log(A^{f32,g}_{tx})``)."""
+    prog = parse_program(f"B^{{1}}_{{tx=0}}[Zz^{{f32,g}}={text};];", source)
+    return prog.nests[0].body[0].value
+
+
+__all__ = ["LeirSyntaxError", "parse_program", "parse_expr"]
