@@ -1,0 +1,1 @@
+"""Rule YAML files (package data: steptp._rules)."""

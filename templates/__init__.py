@@ -1,0 +1,1 @@
+"""Jinja templates (package data: steptp._templates)."""
