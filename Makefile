@@ -1,0 +1,40 @@
+# stp: two entry points on a fresh machine (Python 3.11 + pip):
+#   make demo   - install into .venv and run the main job on the bundled examples
+#   make test   - install into .venv and run the test suite
+# The package is installed NON-editable, so tests exercise the shipped rules/templates.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STP    := $(VENV)/bin/stp
+OUT    ?= out/demo
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.deps: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip uninstall -q -y steptp
+	touch $@
+
+install: $(VENV)/.deps
+	$(PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+	rm -rf build
+
+demo: install
+	$(STP) translate examples/matmul.py -o $(OUT)/matmul.leir --verify
+	$(STP) apply rules/loop_split.yaml $(OUT)/matmul.leir --seed 0 -o $(OUT)/matmul_split.leir
+	$(STP) verify $(OUT)/matmul.leir $(OUT)/matmul_split.leir
+	$(STP) dataset examples -o $(OUT) --seed 0
+	@echo "demo dataset written to $(OUT)/"
+
+test: install
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/bench_pipeline.py
+
+clean:
+	rm -rf $(VENV) build out *.egg-info engine/*.egg-info

@@ -1,0 +1,185 @@
+"""One program -> its verified one-step dictionary entries (paper §3.2-§3.4).
+
+For a source program: translate it (PyTorch) or parse it (``.leir``); verify the original
+(against PyTorch eager for ``.py`` sources, three seeded trials); then for every rule that
+matches, try candidates (site x parameters, in an order drawn from the run's seed) until
+one transformed program passes Diff/Build/Exec/Equal against the original. Each
+success becomes one dictionary entry; each failed attempt is reported, never written as
+data. Everything random derives from ``(seed, program key, rule id)``, so a run is
+reproducible whatever the worker count or order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..leir.fileformat import LeirModule, load_leir
+from ..leir.printer import format_program
+from .difficulty import difficulty_level, difficulty_score
+from .sources import Source
+
+
+@dataclass
+class Options:
+    """Generation knobs (all serialisable: they travel to worker processes)."""
+
+    seed: int = 0
+    trials: int = 3
+    per_rule: int = 1           # verified steps kept per (program, rule)
+    max_tries: int = 4          # candidates tried per (program, rule) before giving up
+    with_cuda: bool = True      # store TIR for the GPU path and CUDA source
+    rule_paths: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProgramResult:
+    source: str
+    key: str
+    program: str | None
+    entries: list[dict]
+    attempts: list[dict]        # one per tried candidate: rule, outcome, reason
+    error: str | None = None    # the program itself could not be used
+    seconds: float = 0.0
+
+
+def _signature_dict(module: LeirModule) -> dict:
+    return {"name": module.signature.name,
+            "tensors": [{"name": t.name, "role": t.role, "dtype": t.dtype, "shape": list(t.shape)}
+                        for t in module.signature.tensors]}
+
+
+def entry_id(original_leir: str, transformed_leir: str, strategy: str) -> str:
+    """Content hash of a step (sha256 of the canonical texts and strategy, 16 hex digits)."""
+    h = hashlib.sha256("\x00".join([original_leir, transformed_leir, strategy]).encode()).hexdigest()
+    return h[:16]
+
+
+def _lowered(module: LeirModule, with_cuda: bool) -> dict:
+    from ..backend import cuda_source, lower
+
+    out = {"leir": format_program(module.program)}
+    if with_cuda:
+        out["tir"] = lower(module, target="cuda")
+        try:
+            out["cuda"] = cuda_source(module)
+        except Exception as e:  # noqa: BLE001 - kept as data: the GPU path is reported, not fatal
+            out["cuda"] = None
+            out["cuda_error"] = f"{type(e).__name__}: {e}"
+    else:
+        out["tir"] = lower(module, target="cpu")
+    return out
+
+
+def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
+    """Parse or translate one source; returns the module and the original's verification.
+
+    Raises whatever the parser/translator raises; the caller records it as the program error."""
+    if src.kind == "leir":
+        return load_leir(src.path), {"against": "none"}
+    from ..frontend import translate_file
+
+    tr = translate_file(src.path)
+    res = tr.verify(trials=opts.trials, seed=opts.seed)
+    ver = res.to_dict()
+    ver["against"] = "pytorch"
+    if not res.equal:
+        raise RuntimeError(f"translation of {src.path} does not match PyTorch: {res.reason}")
+    return tr.module, ver
+
+
+def process(src: Source, opts: Options) -> ProgramResult:
+    """Generate the verified steps of one program (runs in a worker process)."""
+    from ..engine import NoMatch, apply_rule, list_candidates
+    from ..rules import load_rule
+    from ..verify import verify_pair
+
+    t0 = time.perf_counter()
+    try:
+        module, original_check = load_source(src, opts)
+    except Exception as e:  # noqa: BLE001 - one bad program must not stop the run
+        return ProgramResult(str(src.path), src.key, None, [], [],
+                             error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
+    entries: list[dict] = []
+    attempts: list[dict] = []
+    original_repr = None
+    for rule_path in opts.rule_paths:
+        rule = load_rule(rule_path)
+        rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
+        try:
+            cands = list_candidates(rule, module)
+        except NoMatch:
+            cands = []
+        except Exception as e:  # noqa: BLE001
+            attempts.append({"rule": rule.id, "outcome": "match_error", "reason": f"{type(e).__name__}: {e}"})
+            continue
+        if not cands:
+            continue
+        order = list(range(len(cands)))
+        rng.shuffle(order)
+        kept = 0
+        seen_after: set[str] = set()
+        for ci in order[: opts.max_tries]:
+            site, params = cands[ci]
+            step_seed = rng.randrange(2**31)
+            try:
+                step = apply_rule(rule, module, seed=step_seed, site=site, params=params)
+            except Exception as e:  # noqa: BLE001
+                attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
+                continue
+            after_text = format_program(step.after.program)
+            if after_text in seen_after:
+                continue
+            seen_after.add(after_text)
+            res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed)
+            attempts.append({"rule": rule.id, "outcome": "equal" if res.equal else "failed",
+                             "reason": res.reason})
+            if not res.equal:
+                continue
+            if original_repr is None:
+                original_repr = _lowered(module, opts.with_cuda)
+            d = rule.difficulty
+            score = difficulty_score(d["K"], d["P"], d["S"])
+            entries.append({
+                "id": entry_id(original_repr["leir"], after_text, rule.id),
+                "program": module.signature.name,
+                "source": str(src.path),
+                "signature": _signature_dict(module),
+                "strategy": {"id": rule.id, "name": rule.name, "category": rule.category},
+                "difficulty": {"K": d["K"], "P": d["P"], "S": d["S"], "score": score,
+                               "level": difficulty_level(score)},
+                "params": _jsonable(step.params),
+                "site": _jsonable(step.site_description if hasattr(step, "site_description") else str(step.site)),
+                "original": original_repr,
+                "transformed": _lowered(step.after, opts.with_cuda),
+                "cot": step.cot,
+                "verification": res.to_dict(),
+                "original_verification": original_check,
+                "seed": opts.seed,
+            })
+            kept += 1
+            if kept >= opts.per_rule:
+                break
+    return ProgramResult(str(src.path), src.key, module.signature.name, entries, attempts,
+                         seconds=time.perf_counter() - t0)
+
+
+def process_safe(src: Source, opts: Options) -> ProgramResult:
+    """:func:`process` that turns any unexpected crash into a ProgramResult error."""
+    try:
+        return process(src, opts)
+    except Exception as e:  # noqa: BLE001
+        return ProgramResult(str(src.path), src.key, None, [], [],
+                             error=f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(x, default=str))
+
+
+__all__ = ["Options", "ProgramResult", "entry_id", "load_source", "process", "process_safe"]

@@ -1,0 +1,167 @@
+"""``stp dataset``: batch generation with parallel workers, a progress bar and resume.
+
+Output directory layout::
+
+    OUTDIR/run.json            options of the run (a rerun must use the same ones)
+    OUTDIR/dictionary.jsonl    archival dictionary entries, appended as programs finish
+    OUTDIR/state.jsonl         one line per finished program (its key): the resume record
+    OUTDIR/attempts.jsonl      every tried candidate with its outcome (failures included)
+    OUTDIR/chat_single.jsonl   ms-swift single-answer set (filtered, derived; atomic rewrite)
+    OUTDIR/chat_multi.jsonl    ms-swift multi-answer set (filtered, derived; atomic rewrite)
+    OUTDIR/report.json         counts per strategy/category/level, pass rates, sizes
+
+Crash safety: entries of a program are appended (flushed and fsynced) before its state
+line, so an interrupted run loses at most the programs in flight; on rerun finished
+programs are skipped and entries already present (same id) are never duplicated. Derived
+files are rebuilt from the dictionary at the end of every run.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import random
+from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+from .chat import multi_messages, single_messages
+from .difficulty import FilterPolicy, filter_multi_items, keep_single
+from .generate import Options, ProgramResult, process_safe
+from .sources import Source, discover
+from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
+
+
+class DatasetError(RuntimeError):
+    """Unusable output directory or options (e.g. resuming with other options)."""
+
+
+def _run_options(opts: Options, policy: FilterPolicy) -> dict:
+    d = asdict(opts)
+    d["rule_paths"] = [Path(p).name for p in opts.rule_paths]
+    d["policy"] = asdict(policy)
+    return d
+
+
+def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, policy: FilterPolicy | None = None,
+                     workers: int = 1, progress: bool = True,
+                     on_result: Callable[[ProgramResult], None] | None = None) -> dict:
+    """Generate (or resume) a dataset into ``outdir``; returns the report dict.
+
+    Raises :class:`DatasetError` when ``outdir`` holds a run made with other options, and
+    ``FileNotFoundError``/``ValueError`` for bad inputs (before anything is written).
+    """
+    policy = policy or FilterPolicy(seed=opts.seed)
+    sources = discover(inputs)
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    run_file = out / "run.json"
+    run_opts = _run_options(opts, policy)
+    if run_file.exists():
+        previous = json.loads(run_file.read_text())
+        if previous != run_opts:
+            diff = sorted(k for k in set(previous) | set(run_opts) if previous.get(k) != run_opts.get(k))
+            raise DatasetError(f"{out} holds a run with different options ({', '.join(diff)}); "
+                               "use another output directory or delete it")
+    else:
+        write_json_atomic(run_file, run_opts)
+
+    done = {r["key"] for r in read_jsonl(out / "state.jsonl")}
+    known_ids = {r["id"] for r in read_jsonl(out / "dictionary.jsonl")}
+    todo = [s for s in sources if s.key not in done]
+
+    dict_w = JsonlAppender(out / "dictionary.jsonl")
+    state_w = JsonlAppender(out / "state.jsonl")
+    att_w = JsonlAppender(out / "attempts.jsonl")
+    bar = tqdm(total=len(sources), initial=len(sources) - len(todo), desc="programs", unit="prog",
+               disable=not progress, dynamic_ncols=True)
+
+    def record(res: ProgramResult) -> None:
+        new = [e for e in res.entries if e["id"] not in known_ids]
+        known_ids.update(e["id"] for e in new)
+        dict_w.write_many(new)
+        att_w.write_many({"source": res.source, **a} for a in res.attempts)
+        state_w.write_many([{"key": res.key, "source": res.source, "program": res.program,
+                             "entries": len(new), "error": res.error, "seconds": round(res.seconds, 3)}])
+        bar.update(1)
+        bar.set_postfix(entries=len(known_ids))
+        if res.error:
+            tqdm.write(f"skipped {res.source}: {res.error.splitlines()[0]}")
+        if on_result:
+            on_result(res)
+
+    try:
+        if workers <= 1 or len(todo) <= 1:
+            for src in todo:
+                record(process_safe(src, opts))
+        else:
+            ctx = mp.get_context("spawn")  # TVM's thread pool is not fork-safe (tvm notes §5)
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                futs = [pool.submit(process_safe, src, opts) for src in todo]
+                for fut in as_completed(futs):
+                    record(fut.result())
+    finally:
+        bar.close()
+        dict_w.close()
+        state_w.close()
+        att_w.close()
+    return build_derived(out, policy)
+
+
+def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
+    """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
+    out = Path(outdir)
+    entries = sorted(read_jsonl(out / "dictionary.jsonl"), key=lambda e: e["id"])
+    singles = [single_messages(e) for e in keep_single(entries, policy)]
+
+    by_original: dict[str, list[dict]] = defaultdict(list)
+    for e in entries:
+        by_original[e["original"]["leir"]].append(e)
+    rng = random.Random(f"multi:{policy.seed}")
+    counts: dict[str, int] = {}
+    multis = []
+    for leir in sorted(by_original):
+        group = sorted(by_original[leir], key=lambda e: (e["strategy"]["id"], e["id"]))
+        items = filter_multi_items(group, counts, policy)
+        if len(items) < policy.min_multi:
+            continue
+        k = rng.randint(policy.min_multi, len(items))
+        chosen = rng.sample(items, k)
+        multis.append(multi_messages(chosen))
+    write_jsonl_atomic(out / "chat_single.jsonl", singles)
+    write_jsonl_atomic(out / "chat_multi.jsonl", multis)
+
+    states = list(read_jsonl(out / "state.jsonl"))
+    attempts = list(read_jsonl(out / "attempts.jsonl"))
+    tried = Counter(a["rule"] for a in attempts)
+    passed = Counter(a["rule"] for a in attempts if a["outcome"] == "equal")
+    report = {
+        "programs": len(states),
+        "programs_failed": [{"source": s["source"], "error": s["error"]} for s in states if s["error"]],
+        "entries": len(entries),
+        "chat_single": len(singles),
+        "chat_multi": len(multis),
+        "by_strategy": dict(sorted(Counter(e["strategy"]["id"] for e in entries).items())),
+        "by_category": dict(sorted(Counter(e["strategy"]["category"] for e in entries).items())),
+        "by_level": dict(sorted(Counter(e["difficulty"]["level"] for e in entries).items())),
+        "candidate_pass_rate": {r: round(passed[r] / tried[r], 4) for r in sorted(tried)},
+        "mean_chars": {
+            "original_leir": _mean(len(e["original"]["leir"]) for e in entries),
+            "original_tir": _mean(len(e["original"].get("tir") or "") for e in entries),
+            "original_cuda": _mean(len(e["original"].get("cuda") or "") for e in entries),
+        },
+    }
+    write_json_atomic(out / "report.json", report)
+    return report
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return round(sum(xs) / len(xs), 1) if xs else 0.0
+
+
+__all__ = ["DatasetError", "generate_dataset", "build_derived"]

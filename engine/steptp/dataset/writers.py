@@ -1,0 +1,133 @@
+"""Crash-safe dataset files.
+
+* :class:`JsonlAppender` appends whole JSON lines and flushes + fsyncs after each batch,
+  so a crash or Ctrl-C loses at most the batch being written. On open, a torn last line
+  (no trailing newline) left by a crash is cut off, never parsed as data.
+* :func:`write_jsonl_atomic` writes a derived file (chat sets, report) to a temporary file
+  and renames it over the target, so readers never see a half-written file.
+* :func:`read_jsonl` reads a JSONL file, skipping (and counting) a torn last line.
+* :func:`to_parquet` converts a JSONL file to Parquet with pyarrow (optional dependency).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+
+def _repair_tail(path: Path) -> int:
+    """Cut a torn (newline-less) last line; returns the number of bytes removed."""
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return 0
+        # walk back to the last newline
+        pos = size - 1
+        chunk = 4096
+        while pos > 0:
+            step = min(chunk, pos)
+            f.seek(pos - step)
+            buf = f.read(step)
+            nl = buf.rfind(b"\n")
+            if nl >= 0:
+                cut = pos - step + nl + 1
+                f.truncate(cut)
+                return size - cut
+            pos -= step
+        f.truncate(0)
+        return size
+
+
+class JsonlAppender:
+    """Append-only JSONL writer that survives crashes (see module docstring)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.repaired_bytes = _repair_tail(self.path)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write_many(self, records: Iterable[dict]) -> int:
+        lines = [json.dumps(r, ensure_ascii=False, sort_keys=False) + "\n" for r in records]
+        if lines:
+            self._f.write("".join(lines))
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        return len(lines)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    """Yield the records of a JSONL file; a torn last line is ignored, other bad lines raise
+    ``ValueError`` naming the file and line number."""
+    p = Path(path)
+    if not p.exists():
+        return
+    with open(p, encoding="utf-8") as f:
+        lines = f.readlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) and not line.endswith("\n"):
+                return  # torn last line of an interrupted run
+            raise ValueError(f"{p}:{i}: invalid JSON line ({e.msg})") from None
+
+
+def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
+    """Write ``records`` to ``path`` via a temporary file and an atomic rename."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    n = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            n += 1
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(p)
+    return n
+
+
+def write_json_atomic(path: str | Path, obj) -> None:
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(p)
+
+
+def to_parquet(jsonl_path: str | Path, parquet_path: str | Path) -> int:
+    """Convert a JSONL file to Parquet (needs ``pyarrow``: ``pip install steptp[parquet]``).
+    Nested fields are kept as structs/lists. Returns the number of rows."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("Parquet output needs pyarrow: pip install 'steptp[parquet]'") from e
+    rows = list(read_jsonl(jsonl_path))
+    table = pa.Table.from_pylist(rows)
+    tmp = Path(str(parquet_path) + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(parquet_path)
+    return len(rows)
+
+
+__all__ = ["JsonlAppender", "read_jsonl", "write_jsonl_atomic", "write_json_atomic", "to_parquet"]
