@@ -114,15 +114,19 @@ def write_json_atomic(path: str | Path, obj) -> None:
     tmp.replace(p)
 
 
-def to_parquet(jsonl_path: str | Path, parquet_path: str | Path) -> int:
+def to_parquet(jsonl_path: str | Path, parquet_path: str | Path,
+               json_columns: tuple[str, ...] = ("params", "site", "original_verification")) -> int:
     """Convert a JSONL file to Parquet (needs ``pyarrow``: ``pip install steptp[parquet]``).
-    Nested fields are kept as structs/lists. Returns the number of rows."""
+
+    Nested fields are kept as structs/lists, except ``json_columns`` whose shape differs
+    from rule to rule: those are stored as JSON strings. Returns the number of rows."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise RuntimeError("Parquet output needs pyarrow: pip install 'steptp[parquet]'") from e
-    rows = list(read_jsonl(jsonl_path))
+    rows = [{k: (json.dumps(v) if k in json_columns else v) for k, v in r.items()}
+            for r in read_jsonl(jsonl_path)]
     table = pa.Table.from_pylist(rows)
     tmp = Path(str(parquet_path) + ".tmp")
     pq.write_table(table, tmp)
