@@ -1,0 +1,596 @@
+"""Build and run lowered LEIR: LLVM (CPU) execution, CUDA source, nvcc build check, isolation.
+
+* :func:`build_cpu` / :func:`run_cpu`: ``tvm.script.from_source`` + ``tvm.compile(target=llvm)``
+  and a call with numpy arrays (DLPack, in place). The CPU path is the verifier on every
+  machine (design.md §5; tvm-0.27-notes §1.2, §2.1, §6).
+* :func:`cuda_source`: GPU preflight, lowering with thread bindings, and
+  ``tvm.compile(target={"kind": "cuda", "arch": "sm_90"})``; TVM emits CUDA C only and does
+  not call nvcc (notes §3.2-3.3).
+* :func:`nvcc_check`: the Build pass: many kernels batched into one IRModule, hence one
+  ``.cu`` file and one ``nvcc --ptx -arch=sm_90`` run (notes §3.3, t35: 50 kernels in
+  0.6 s); failing batches are bisected to name the culprits.
+* :class:`IsolatedRunner`: a ``spawn``-context worker process with a per-call time limit,
+  restarted after a crash or a time-out, so a hanging or crashing kernel costs one
+  candidate (notes §5: ``fork`` can hang once TVM's thread pool exists).
+
+``tvm`` is imported lazily (about 1 s), so ``import steptp.backend`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..leir.fileformat import LeirModule, Signature
+from .errors import BackendError, BuildError, ExecError, LoweringError, PreflightError, short_tvm_error
+from .hardware import DEFAULT_GPU, GpuLimits
+from .preflight import preflight
+from .tvmscript import lower_module
+
+#: LLVM target used for CPU execution (TVM 0.27 wants the dict form, notes §3.1).
+CPU_TARGET: dict = {"kind": "llvm"}
+
+
+def _tvm():
+    import tvm  # noqa: PLC0415  (lazy: importing tvm costs about a second)
+
+    return tvm
+
+
+def cuda_target(arch: str = DEFAULT_GPU.arch):
+    """``tvm.target.Target({"kind": "cuda", "arch": arch})`` (never the sm_50 default, notes §3.1)."""
+    from tvm.target import Target  # noqa: PLC0415
+
+    return Target({"kind": "cuda", "arch": arch})
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    """numpy dtype for a TVM dtype name (``bfloat16`` needs ``ml_dtypes``)."""
+    if dtype == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def is_tvmscript(text: str) -> bool:
+    """Heuristic: TVMScript text (``@T.prim_func``/``@I.ir_module``) rather than LEIR or CUDA."""
+    return "@T.prim_func" in text or "@I.ir_module" in text
+
+
+# ---------------------------------------------------------------------------
+# Parsing and CPU kernels
+# ---------------------------------------------------------------------------
+
+
+def parse_tvmscript(text: str):
+    """``tvm.script.from_source(text)`` -> the ``main`` PrimFunc (or the only one).
+
+    Raises :class:`BuildError` with TVM's diagnostic line when the text does not parse or
+    fails TVM's well-formedness check."""
+    tvm = _tvm()
+    try:
+        obj = tvm.script.from_source(text)
+    except Exception as e:  # DiagnosticError, SyntaxError, ValueError ...
+        raise BuildError(f"TVMScript does not parse: {short_tvm_error(e)}") from None
+    if isinstance(obj, tvm.IRModule):
+        names = [gv.name_hint for gv in obj.functions.keys()]
+        name = "main" if "main" in names else (names[0] if len(names) == 1 else None)
+        if name is None:
+            raise BuildError(f"TVMScript module has several functions {sorted(names)} and no 'main'")
+        return obj[name]
+    return obj
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One kernel parameter: ``name`` (LEIR name when a signature is known, else the TIR
+    name), ``tir_name``, ``shape`` (elements), ``dtype`` (TVM/numpy name), ``role``
+    (``input``/``param``/``constant``/``output``; ``None`` without a signature)."""
+
+    name: str
+    tir_name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str | None = None
+
+    @property
+    def is_output(self) -> bool:
+        return self.role == "output"
+
+
+def _param_specs(func, signature: Signature | None):
+    specs = []
+    params = list(func.params)
+    if signature is not None and len(signature.tensors) != len(params):
+        raise BuildError(f"the TIR function has {len(params)} parameters but the signature declares "
+                         f"{len(signature.tensors)} tensors")
+    for i, p in enumerate(params):
+        try:
+            shape = tuple(int(s) for s in p.shape)
+            dtype = str(p.ty.dtype)
+        except Exception as e:  # non-buffer parameter or symbolic shape
+            raise BuildError(f"parameter #{i} ({p}) is not a buffer with a static shape: {e}") from None
+        if signature is not None:
+            t = signature.tensors[i]
+            from .tvmscript import tvm_dtype  # noqa: PLC0415
+
+            if tuple(t.shape) != shape or tvm_dtype(t.dtype) != dtype:
+                raise BuildError(f"parameter #{i} {p.name}: TIR has {dtype}{list(shape)} but the signature declares "
+                                 f"{t.name}: {t.dtype}{list(t.shape)}")
+            specs.append(ParamSpec(t.name, str(p.name), shape, dtype, t.role))
+        else:
+            specs.append(ParamSpec(str(p.name), str(p.name), shape, dtype, None))
+    return tuple(specs)
+
+
+@dataclass
+class CpuKernel:
+    """A compiled LLVM kernel. Call it with ``{name: array}``; it returns the outputs.
+
+    ``params`` follow the function's parameter order. With a signature, outputs are the
+    ``output`` tensors; without one, every parameter missing from the call is an output.
+    """
+
+    text: str
+    executable: Any
+    params: tuple[ParamSpec, ...]
+    has_signature: bool = True
+    compile_s: float = 0.0
+
+    def __call__(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return _call(self, arrays)
+
+
+def build_cpu(text_or_module, signature: Signature | None = None, target: dict | None = None) -> CpuKernel:
+    """Compile a kernel for the CPU with LLVM.
+
+    * ``text_or_module``: TVMScript text (from :func:`steptp.backend.tvmscript.lower`), or a
+      :class:`LeirModule` / ``.leir`` text / Program (+``signature``), lowered first with
+      ``target="cpu"``.
+    * ``signature``: names parameters by their LEIR names and fixes the outputs; checked
+      against the TIR parameter shapes/dtypes.
+
+    Cost: parse about 7 ms, ``tvm.compile`` 15-40 ms for small kernels (notes §5).
+    Raises :class:`LoweringError` (LEIR input) or :class:`BuildError` (parse/compile,
+    with TVM's message). Source: ``tvm.script.from_source``, ``tvm.compile(..., target=llvm)``.
+    """
+    if isinstance(text_or_module, str) and is_tvmscript(text_or_module):
+        text = text_or_module
+    else:
+        low = lower_module(text_or_module, signature, "cpu")
+        text, signature = low.text, low.signature
+    func = parse_tvmscript(text)
+    specs = _param_specs(func, signature)
+    tvm = _tvm()
+    t0 = time.perf_counter()
+    try:
+        ex = tvm.compile(func, target=tvm.target.Target(target or CPU_TARGET))
+    except Exception as e:
+        raise BuildError(f"tvm.compile(llvm) failed: {short_tvm_error(e)}") from None
+    return CpuKernel(text, ex, specs, signature is not None, time.perf_counter() - t0)
+
+
+def _call(k: CpuKernel, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    known = {p.name for p in k.params}
+    unknown = sorted(set(arrays) - known)
+    if unknown:
+        raise ExecError(f"unknown tensor name(s) {unknown}; the kernel takes {[p.name for p in k.params]}")
+    args, outs = [], []
+    for p in k.params:
+        want = np_dtype(p.dtype)
+        if p.name in arrays:
+            x = np.asarray(arrays[p.name])
+            if tuple(x.shape) != p.shape:
+                raise ExecError(f"tensor {p.name} has shape {list(x.shape)}, expected {list(p.shape)}")
+            if x.dtype != want:
+                kinds = {x.dtype.kind, want.kind}
+                if len(kinds) > 1 and not (kinds <= {"i", "u"} or kinds <= {"f", "V"}):
+                    raise ExecError(f"tensor {p.name} has dtype {x.dtype}, expected {want}")
+            arr = np.array(x, dtype=want, copy=True, order="C")
+            if p.is_output:
+                outs.append((p.name, arr))
+        else:
+            if k.has_signature and not p.is_output:
+                raise ExecError(f"missing input tensor {p.name} ({p.role}, {p.dtype}{list(p.shape)})")
+            arr = np.zeros(p.shape, dtype=want)
+            outs.append((p.name, arr))
+        args.append(arr)
+    # numpy has no DLPack for ml_dtypes.bfloat16: pass those through tvm.runtime.tensor copies
+    wrapped = {}
+    for i, (p, a) in enumerate(zip(k.params, args)):
+        if p.dtype == "bfloat16":
+            wrapped[i] = _tvm().runtime.tensor(a)
+    call_args = [wrapped.get(i, a) for i, a in enumerate(args)]
+    try:
+        k.executable["main"](*call_args)
+    except Exception as e:
+        raise ExecError(f"kernel execution failed: {short_tvm_error(e)}") from None
+    result = {}
+    for name, arr in outs:
+        i = next(j for j, p in enumerate(k.params) if p.name == name)
+        result[name] = wrapped[i].numpy() if i in wrapped else arr
+    return result
+
+
+def run_cpu(module, arrays: Mapping[str, np.ndarray], signature: Signature | None = None) -> dict[str, np.ndarray]:
+    """Run a kernel on the CPU and return its outputs by name.
+
+    * ``module``: a :class:`CpuKernel`, TVMScript text, or LEIR (:class:`LeirModule`,
+      ``.leir`` text, Program + ``signature``), built with :func:`build_cpu` first.
+    * ``arrays``: inputs (inputs, params, constants) by LEIR name, numpy arrays of the
+      declared shape; dtypes are converted within a kind (float/float, int/int), a kind
+      mismatch raises. Inputs are copied, never written.
+    * Outputs start zero-initialised (or from ``arrays[name]`` if given) and are returned
+      as new arrays ``{name: np.ndarray}`` with the declared shape and dtype.
+
+    Raises :class:`LoweringError` / :class:`BuildError` (building), :class:`ExecError`
+    (missing/unknown/wrong-shaped array, runtime error). No time limit in process: use
+    :class:`IsolatedRunner` for that.
+    """
+    k = module if isinstance(module, CpuKernel) else build_cpu(module, signature)
+    return k(arrays)
+
+
+def run_lowered(cpu_text: str, signature: Signature, input_sets: Sequence[Mapping[str, np.ndarray]],
+                cuda_text: str | None = None, arch: str = DEFAULT_GPU.arch) -> list[dict[str, np.ndarray]]:
+    """Build ``cpu_text`` (and, if given, compile ``cuda_text`` for CUDA as a build check),
+    then run the CPU kernel once per input set. The unit of work of :class:`IsolatedRunner`
+    in :mod:`steptp.verify`. Raises :class:`BuildError` / :class:`ExecError`."""
+    k = build_cpu(cpu_text, signature)
+    if cuda_text is not None:
+        compile_cuda_text(cuda_text, arch)
+    outs = []
+    for i, x in enumerate(input_sets):
+        try:
+            outs.append(k(x))
+        except ExecError as e:
+            raise ExecError(f"trial {i}: {e.reason}") from None
+    return outs
+
+
+# ---------------------------------------------------------------------------
+# CUDA source and nvcc
+# ---------------------------------------------------------------------------
+
+
+def compile_cuda_text(text: str, arch: str = DEFAULT_GPU.arch) -> str:
+    """CUDA C source of TVMScript ``text`` (``tvm.compile`` with the CUDA target; no nvcc).
+    Raises :class:`BuildError` when TVM fails or produces no device code."""
+    tvm = _tvm()
+    func = parse_tvmscript(text)
+    try:
+        ex = tvm.compile(func, target=cuda_target(arch))
+    except Exception as e:
+        raise BuildError(f"tvm.compile(cuda) failed: {short_tvm_error(e)}") from None
+    return _device_source(ex)
+
+
+def _device_source(ex) -> str:
+    imports = list(ex.mod.imports)
+    if not imports:
+        raise BuildError("tvm.compile(cuda) produced no device code (no loop is bound to a thread)")
+    return imports[0].inspect_source()
+
+
+def cuda_source(module, signature: Signature | None = None, limits: GpuLimits = DEFAULT_GPU) -> str:
+    """CUDA C source (``extern "C" __global__`` kernels) of a LEIR program or TVMScript text.
+
+    LEIR input runs :func:`steptp.backend.preflight.preflight` first (:class:`PreflightError`),
+    then :func:`lower` with ``target="cuda"``; TVMScript text is compiled as is. Uses
+    ``Target({"kind": "cuda", "arch": limits.arch})`` (sm_90 by default). Cost 15-25 ms per
+    kernel. Raises :class:`LoweringError` / :class:`PreflightError` / :class:`BuildError`.
+    Source: ``tvm.compile`` + ``Executable.mod.imports[0].inspect_source()`` (notes §3.3).
+    """
+    if isinstance(module, str) and is_tvmscript(module):
+        return compile_cuda_text(module, limits.arch)
+    preflight(module, signature, limits)
+    return compile_cuda_text(lower_module(module, signature, "cuda").text, limits.arch)
+
+
+def nvcc_path() -> str | None:
+    """Path of ``nvcc`` on PATH, or ``None``."""
+    return shutil.which("nvcc")
+
+
+@dataclass
+class NvccResult:
+    """Outcome of one source in :func:`nvcc_check`.
+
+    ``ok``: True (nvcc produced PTX), False (failed), None (skipped: nvcc absent).
+    ``status``: ``ok`` | ``skipped`` | ``lowering`` | ``preflight`` | ``tvm`` | ``nvcc``.
+    ``reason``: '' when ok, else the first error line(s). ``batch``: how many sources shared
+    the nvcc run that decided this result.
+    """
+
+    ok: bool | None
+    status: str
+    reason: str = ""
+    batch: int = 1
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "status": self.status, "reason": self.reason, "batch": self.batch}
+
+
+def _nvcc_errors(stderr: str, limit: int = 600) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errs = [ln for ln in lines if "error" in ln.lower()]
+    text = " | ".join(errs[:3] or lines[:3])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _run_nvcc(cu: str, arch: str, workdir: str, tag: str, timeout_s: float) -> str | None:
+    """Compile CUDA C ``cu`` to PTX; ``None`` on success, else the error summary."""
+    src = os.path.join(workdir, f"{tag}.cu")
+    with open(src, "w") as f:
+        f.write(cu)
+    cmd = [nvcc_path() or "nvcc", "--ptx", f"-arch={arch}", "-o", os.path.join(workdir, f"{tag}.ptx"), src]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"nvcc timed out after {timeout_s:.0f} s"
+    if p.returncode != 0:
+        return f"nvcc failed (exit {p.returncode}): {_nvcc_errors(p.stderr + p.stdout)}"
+    return None
+
+
+def nvcc_check(sources: Sequence, limits: GpuLimits = DEFAULT_GPU, batch: bool = True,
+               timeout_s: float = 600.0, keep_dir: str | None = None) -> list[NvccResult]:
+    """Build pass for many kernels: TVM CUDA codegen + ``nvcc --ptx -arch=sm_90``.
+
+    * ``sources``: each a :class:`LeirModule` (preflight + CUDA lowering first), TVMScript
+      text (CUDA path, from ``lower(..., target="cuda")``), or CUDA C text (contains
+      ``__global__``; compiled one by one).
+    * ``batch``: put every TVMScript kernel into one IRModule (function ``k<i>``), so one
+      ``tvm.compile`` and one nvcc run cover them all; a failing batch is split in halves
+      recursively until each failure is pinned on its source (cost: O(failures * log n)
+      extra runs).
+    * nvcc absent: every source that got that far is ``NvccResult(None, "skipped", ...)``.
+
+    Returns one :class:`NvccResult` per source, in order. Never raises for a bad source.
+    Timing (2 vCPU): one nvcc run 0.3-0.4 s; 50 kernels in one .cu about 0.6 s.
+    """
+    results: list[NvccResult | None] = [None] * len(sources)
+    funcs: dict[int, Any] = {}
+    raw: dict[int, str] = {}
+    for i, s in enumerate(sources):
+        try:
+            if isinstance(s, str) and "__global__" in s and not is_tvmscript(s):
+                raw[i] = s
+                continue
+            if isinstance(s, str) and is_tvmscript(s):
+                text = s
+            else:
+                preflight(s, None, limits)
+                text = lower_module(s, None, "cuda").text
+            funcs[i] = parse_tvmscript(text)
+        except PreflightError as e:
+            results[i] = NvccResult(False, "preflight", e.reason)
+        except LoweringError as e:
+            results[i] = NvccResult(False, "lowering", e.reason)
+        except BuildError as e:
+            results[i] = NvccResult(False, "tvm", e.reason)
+    have_nvcc = nvcc_path() is not None
+    tvm = _tvm()
+    tgt = cuda_target(limits.arch)
+    workdir = keep_dir or tempfile.mkdtemp(prefix="stp-nvcc-")
+    os.makedirs(workdir, exist_ok=True)
+    counter = [0]
+
+    def check(group: list[int]) -> tuple[str, str] | None:
+        mod = tvm.IRModule({f"k{i}": funcs[i].with_attr("global_symbol", f"k{i}") for i in group})
+        try:
+            ex = tvm.compile(mod, target=tgt)
+            cu = _device_source(ex)
+        except BuildError as e:
+            return ("tvm", e.reason)
+        except Exception as e:
+            return ("tvm", f"tvm.compile(cuda) failed: {short_tvm_error(e)}")
+        if not have_nvcc:
+            return None
+        counter[0] += 1
+        err = _run_nvcc(cu, limits.arch, workdir, f"batch{counter[0]}", timeout_s)
+        return None if err is None else ("nvcc", err)
+
+    def solve(group: list[int]) -> None:
+        err = check(group)
+        if err is None:
+            for i in group:
+                results[i] = (NvccResult(True, "ok", "", len(group)) if have_nvcc else
+                              NvccResult(None, "skipped", "nvcc not found on PATH (TVM CUDA codegen passed)",
+                                         len(group)))
+            return
+        if len(group) == 1:
+            results[group[0]] = NvccResult(False, err[0], err[1], 1)
+            return
+        mid = len(group) // 2
+        solve(group[:mid])
+        solve(group[mid:])
+
+    try:
+        order = sorted(funcs)
+        if order:
+            if batch:
+                solve(order)
+            else:
+                for i in order:
+                    solve([i])
+        for i, cu in raw.items():
+            if not have_nvcc:
+                results[i] = NvccResult(None, "skipped", "nvcc not found on PATH")
+                continue
+            counter[0] += 1
+            err = _run_nvcc(cu, limits.arch, workdir, f"src{counter[0]}", timeout_s)
+            results[i] = NvccResult(True, "ok") if err is None else NvccResult(False, "nvcc", err)
+    finally:
+        if keep_dir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return [r if r is not None else NvccResult(False, "tvm", "not processed") for r in results]
+
+
+# ---------------------------------------------------------------------------
+# Isolated execution
+# ---------------------------------------------------------------------------
+
+
+def _worker_main(conn) -> None:  # pragma: no cover - runs in the child process
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        fn, args, kwargs = msg
+        try:
+            reply = ("ok", fn(*args, **kwargs))
+        except BackendError as e:
+            reply = ("err", e)
+        except BaseException as e:  # noqa: BLE001
+            reply = ("err", ExecError(f"{type(e).__name__}: {e}"))
+        try:
+            conn.send(reply)
+        except Exception as e:  # unpicklable result
+            conn.send(("err", ExecError(f"worker could not send its result: {e}")))
+
+
+@contextlib.contextmanager
+def _without_main_module():
+    """Hide ``__main__``'s file/spec while a spawn child starts, so the child does not
+    re-import the caller's script (the worker only runs functions of this package; an
+    unguarded script would otherwise run again in the child)."""
+    main = sys.modules.get("__main__")
+    saved = {}
+    for attr in ("__file__", "__spec__"):
+        if main is not None and hasattr(main, attr):
+            saved[attr] = getattr(main, attr)
+    try:
+        if "__file__" in saved:
+            del main.__file__
+        if "__spec__" in saved:
+            main.__spec__ = None
+        yield
+    finally:
+        for attr, val in saved.items():
+            setattr(main, attr, val)
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class IsolatedRunner:
+    """A worker process (``multiprocessing`` spawn context) that runs one call at a time
+    under a time limit.
+
+    ``call(fn, *args, timeout_s=None)`` runs a module-level function ``fn`` in the worker
+    and returns its result, re-raises a :class:`BackendError` it raised, and raises
+    :class:`ExecError` when the worker exceeds the time limit (it is killed) or dies
+    (segfault...). A dead or killed worker is restarted lazily on the next call, so one
+    bad kernel costs one call. Starting a worker costs about 1-2 s (``import tvm``).
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, timeout_s: float = 60.0):
+        self.timeout_s = timeout_s
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        """Start the worker if it is not running (about 1-2 s: a fresh interpreter imports tvm)."""
+        if self._proc is not None and self._proc.is_alive():
+            return
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="stp-verify-worker")
+        with _without_main_module():
+            proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+
+    def _kill(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(5)
+        try:
+            self._conn.close()
+        except Exception:
+            pass
+        self._proc = self._conn = None
+        self.restarts += 1
+
+    def call(self, fn: Callable, *args, timeout_s: float | None = None, **kwargs):
+        """Run ``fn(*args, **kwargs)`` in the worker (see the class docstring)."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        self.start()
+        try:
+            self._conn.send((fn, args, kwargs))
+        except (BrokenPipeError, OSError):
+            self._kill()
+            self.start()
+            self._conn.send((fn, args, kwargs))
+        if not self._conn.poll(limit):
+            self._kill()
+            raise ExecError(f"time limit of {limit:g} s exceeded; the worker process was killed")
+        try:
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            code = self._proc.exitcode
+            self._kill()
+            raise ExecError(f"worker process crashed ({_signal_name(code)})") from None
+        if status == "err":
+            raise value
+        return value
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(None)
+            self._proc.join(2)
+        except Exception:
+            pass
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(2)
+        self._proc = self._conn = None
+
+    def __enter__(self) -> "IsolatedRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+__all__ = ["CPU_TARGET", "cuda_target", "np_dtype", "is_tvmscript", "parse_tvmscript", "ParamSpec", "CpuKernel",
+           "build_cpu", "run_cpu", "run_lowered", "compile_cuda_text", "cuda_source", "nvcc_path", "NvccResult",
+           "nvcc_check", "IsolatedRunner"]

@@ -1,0 +1,89 @@
+"""Exception hierarchy of the backend.
+
+Every error carries a one-line human-readable ``reason`` that names the equation, tensor or
+loop at fault (it is what ends up in ``VerifyResult.reason`` and in dataset reports).
+
+::
+
+    BackendError (RuntimeError)
+    ├── LoweringError     LEIR -> TVMScript failed: semantic error, unsupported construct,
+    │                     or a loop hazard TVM would silently miscompile (vectorised/parallel
+    │                     reduction, loop-carried dependence).
+    ├── BuildError        TVM parse/compile or nvcc failed.
+    │   └── PreflightError  GPU preflight rejected a kernel TVM would accept silently
+    │                       (thread limits, unbound equations, ...); ``problems`` lists all.
+    └── ExecError         running the compiled kernel failed: bad input arrays, a runtime
+                          error, a crash or a time limit in an isolated worker.
+
+All classes pickle (the isolated worker sends them back to the parent process).
+"""
+
+from __future__ import annotations
+
+
+class BackendError(RuntimeError):
+    """Base class; ``reason`` is the message (first positional argument)."""
+
+    stage = "backend"
+
+    @property
+    def reason(self) -> str:
+        return str(self.args[0]) if self.args else self.__class__.__name__
+
+
+class LoweringError(BackendError):
+    """The LEIR program cannot be lowered to TVMScript (names the equation/tensor)."""
+
+    stage = "lower"
+
+
+class BuildError(BackendError):
+    """TVMScript parsing, ``tvm.compile`` or nvcc failed."""
+
+    stage = "build"
+
+
+class PreflightError(BuildError):
+    """GPU preflight failed; ``problems`` is the full list of reasons (``reason`` joins them)."""
+
+    stage = "preflight"
+
+    def __init__(self, problems):
+        problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+    def __reduce__(self):
+        return (self.__class__, (self.problems,))
+
+
+class ExecError(BackendError):
+    """Running the kernel failed (bad inputs, runtime error, crash, time limit)."""
+
+    stage = "exec"
+
+
+def short_tvm_error(exc: BaseException, limit: int = 400) -> str:
+    """One-line summary of a TVM exception: its type plus the most informative line.
+
+    TVM messages are long multi-line tracebacks; this keeps the ``Check failed`` /
+    ``error:`` line (or the first non-empty line) and squeezes whitespace.
+    """
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    best = None
+    for key in ("Check failed", "error:", "Error:", "not supported", "not implemented", "Cannot"):
+        for ln in lines:
+            if key in ln:
+                best = ln
+                break
+        if best:
+            break
+    if best is None:
+        best = lines[0] if lines else ""
+    best = " ".join(best.split())
+    out = f"{type(exc).__name__}: {best}" if best else type(exc).__name__
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+__all__ = ["BackendError", "LoweringError", "BuildError", "PreflightError", "ExecError", "short_tvm_error"]

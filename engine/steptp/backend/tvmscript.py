@@ -1,0 +1,590 @@
+"""LEIR -> TVMScript text (TVM 0.27 S-TIR dialect), deterministic.
+
+The text is what the dataset stores as "TIR" and what :mod:`steptp.backend.build` parses
+with ``tvm.script.from_source`` (tvm-0.27-notes §1.2). Same LEIR + signature + target
+gives the same bytes: everything is emitted in program order, nothing iterates a set.
+
+Shape of the output (paper §3, reference-notes §3, rewritten for TVM 0.27)::
+
+    @I.ir_module
+    class Module:
+        @T.prim_func(s_tir=True)
+        def main(A: T.Buffer((8, 12), "float32"), W: ..., C: ...):     # signature header order
+            D = T.alloc_buffer((8, 16), "float32")                      # global intermediates
+            with T.sblock("root"):                                      # only if s/l intermediates
+                S = T.sblock_alloc_buffer((8,), "float32", scope="shared")
+                for tx in T.thread_binding(8, thread="threadIdx.x"):   # CPU path: range(8)
+                    for a in range(16):
+                        for c in range(12):
+                            with T.sblock("D"):
+                                v_tx, v_a, v_c = T.axis.remap("SSR", [tx, a, c])
+                                with T.init():
+                                    D[v_tx, v_a] = T.float32(0.0)
+                                D[v_tx, v_a] = D[v_tx, v_a] + A[v_tx, v_c] * W[v_a, v_c]
+
+Decisions (all follow the LEIR semantics of :mod:`steptp.leir.analysis`):
+
+* **Blocks.** One ``T.sblock`` per equation, named after its target (``D``, ``D_1``...).
+  One block iterator per enclosing loop, outermost first: reduce (``R``) if the loop index
+  is one of the equation's reduction axes, spatial (``S``) otherwise.
+* **Implicit init.** ``EqSemantics.init`` becomes ``with T.init():`` when the target
+  subscript is provably injective in the spatial indices (TVM runs the init once per
+  spatial point, when all reduce iterators are 0). Otherwise (``D_{tx//2}=D_{tx//2}+...``,
+  where TVM would re-initialise on every spatial point) a separate ``<name>_init`` block
+  over the equation's spatial loops fills the target with the identity right before the
+  top-level nest.
+* **Allocation.** Global intermediates: ``T.alloc_buffer`` at the function root (host
+  allocation, passed to kernels). Shared/local intermediates: ``T.sblock_alloc_buffer`` in
+  an explicit root block; TVM's allocation planning then moves them into the kernel and
+  compacts them to ``__shared__``/register arrays (tvm-0.27-notes §3.4, t19e). The same
+  text runs on CPU (scopes are plain memory there, notes §2.1).
+* **Loops.** ``L``/``P``/``V``/``U``/``B`` -> ``range``/``T.parallel``/``T.vectorized``/
+  ``T.unroll``/``T.thread_binding(n, thread=Loop.thread_tag)``; on the CPU path bound
+  loops are serial ``range`` loops (notes §2.1: exact because the lowering never emits
+  barriers). Parallel/vectorised hazards are rejected first (:func:`preflight.loop_hazards`).
+* **Types.** Expressions are typed bottom-up (tensors: their dtype; literals and loop
+  indices are *weak* and take the type of what they meet; ``/`` is true division; float
+  beats int, wider beats narrower). Every constant is printed with its dtype
+  (``T.float16(0.5)``, ``T.float32("-inf")``, integer ``inf`` -> ``T.max_value``), every
+  loop index used as a value is cast, and the right-hand side is cast to the target dtype
+  only where types differ, so an f16 program computes in f16 (notes §2, t21b).
+* **Operators.** ``//``/``%``: ``T.floordiv``/``T.floormod`` on integers (Python
+  semantics), ``T.floor(a/b)`` and ``a - T.floor(a/b)*b`` on floats; ``**`` -> ``T.pow``;
+  ``exp log sqrt abs erf tanh max min`` -> ``T.*``; ``if_then_else`` -> ``T.if_then_else``
+  (lazy: the unselected branch is not evaluated, so guarded reads are safe); conditions use
+  ``< <= > >= == !=`` and ``and``/``or``/``not``. fp16 ``erf`` on the CPU path is
+  computed as ``T.Cast(dt, T.erf(T.Cast("float32", x)))`` (LLVM has no fp16 erf, notes §2);
+  bfloat16 math functions, ``**`` and floor are computed the same way on every target (TVM
+  0.27 rejects ``T.pow`` & co. on bfloat16), i.e. in float32 rounded once to bfloat16,
+  which is what PyTorch does for bfloat16 ops.
+* **Names.** Buffers keep their LEIR names, loop variables too (block iterators get a
+  ``v_`` prefix); a name that would clash with TVMScript (``T``, ``I``, ``R``, Python
+  keywords, ``range``...) gets ``_`` appended.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+from dataclasses import dataclass
+
+from ..leir import ast as A
+from ..leir.analysis import ProgramInfo, tensor_refs
+from ..leir.fileformat import Signature
+from ..leir.printer import format_assign, format_expr
+from .errors import LoweringError
+from .preflight import EqContext, analyze_or_raise, coerce_module, eq_contexts, loop_hazards, subscript_injective
+
+TARGETS = ("cpu", "cuda")
+
+#: LEIR dtype codes this backend lowers (complex/fp8/str codes of the reference are not).
+SUPPORTED_DTYPES = ("f16", "bf16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool")
+
+_FLOAT_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
+WEAK_INT = "~int"      # integer literal or loop index: adopts the type it meets
+WEAK_FLOAT = "~float"  # float literal (or a true division of weak ints)
+DEFAULT_FLOAT = "float64"
+
+_RESERVED = {"T", "I", "R", "Axis", "Module", "True", "False", "None", "range", "tvm", "tirx", "main"}
+_LOOP_FUNCS = {"L": "range", "P": "T.parallel", "V": "T.vectorized", "U": "T.unroll"}
+_CMP = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "==", "!=": "!="}
+
+
+def tvm_dtype(code: str) -> str:
+    """TVM/numpy dtype name of a LEIR dtype code (``f32`` -> ``float32``); LoweringError if unsupported."""
+    if code not in SUPPORTED_DTYPES:
+        raise LoweringError(f"dtype '{code}' is not supported by the backend")
+    return A.DTYPES[code]
+
+
+def is_float(t: str) -> bool:
+    return t in _FLOAT_BITS or t == WEAK_FLOAT
+
+
+def is_intlike(t: str) -> bool:
+    return t in _INT_BITS or t == "bool" or t == WEAK_INT
+
+
+def promote(a: str, b: str) -> str:
+    """Result type of a binary arithmetic operation on types ``a`` and ``b``."""
+    if a == b:
+        return a
+    for x, y in ((a, b), (b, a)):
+        if x == WEAK_INT:
+            return "int32" if y == "bool" else y
+    for x, y in ((a, b), (b, a)):
+        if x == WEAK_FLOAT:
+            return y if y in _FLOAT_BITS else WEAK_FLOAT
+    if a in _FLOAT_BITS and b in _FLOAT_BITS:
+        if _FLOAT_BITS[a] == _FLOAT_BITS[b]:
+            return "float32"  # float16 vs bfloat16
+        return a if _FLOAT_BITS[a] > _FLOAT_BITS[b] else b
+    if a in _FLOAT_BITS:
+        return a
+    if b in _FLOAT_BITS:
+        return b
+    if a == "bool":
+        return b
+    if b == "bool":
+        return a
+    sa, sb = not a.startswith("u"), not b.startswith("u")
+    ba, bb = _INT_BITS[a], _INT_BITS[b]
+    if sa == sb:
+        return a if ba >= bb else b
+    signed_bits, unsigned_bits = (ba, bb) if sa else (bb, ba)
+    bits = signed_bits if signed_bits > unsigned_bits else min(64, 2 * unsigned_bits)
+    return f"int{bits}"
+
+
+def resolve(t: str, want: str) -> str:
+    """Concrete type in which an expression of inferred type ``t`` is computed, given the
+    type ``want`` its context asks for."""
+    if t == WEAK_INT:
+        return "int32" if want == "bool" or want in (WEAK_INT, WEAK_FLOAT) else want
+    if t == WEAK_FLOAT:
+        return want if want in _FLOAT_BITS else DEFAULT_FLOAT
+    return t
+
+
+def _fmt_float(v: float) -> str:
+    r = repr(float(v))
+    return r
+
+
+def const(dtype: str, v: float | int) -> str:
+    """A typed TVMScript constant (``T.float16(0.5)``, ``T.float32("-inf")``, ``3`` for int32)."""
+    if dtype in _FLOAT_BITS:
+        if isinstance(v, float) and math.isinf(v):
+            return f'T.{dtype}("{"inf" if v > 0 else "-inf"}")'
+        if isinstance(v, float) and math.isnan(v):
+            return f'T.{dtype}("nan")'
+        return f"T.{dtype}({_fmt_float(v)})"
+    if dtype == "bool":
+        if isinstance(v, float) and math.isinf(v):
+            return f"T.bool({v > 0})"
+        return f"T.bool({bool(v)})"
+    if dtype in _INT_BITS:
+        if isinstance(v, float) and math.isinf(v):
+            return f'T.{"max_value" if v > 0 else "min_value"}("{dtype}")'
+        iv = int(v)
+        if dtype == "int32":
+            return str(iv) if iv >= 0 else f"({iv})"
+        return f"T.{dtype}({iv})"
+    raise LoweringError(f"cannot form a constant of type {dtype}")
+
+
+@dataclass
+class Lowered:
+    """Result of :func:`lower_module`: the text plus what build/run need to call it.
+
+    ``params``: (LEIR name, TIR buffer name) per function parameter, signature header
+    order. ``info``: the analysis the lowering used.
+    """
+
+    text: str
+    target: str
+    signature: Signature
+    params: tuple[tuple[str, str], ...]
+    info: ProgramInfo
+
+
+class _Namer:
+    """Deterministic, collision-free Python identifiers for buffers and loop variables."""
+
+    def __init__(self, prog: A.Program, sig: Signature, info: ProgramInfo):
+        self.used: set[str] = set()
+        self.buf: dict[str, str] = {}
+        self.loop: dict[str, str] = {}
+        names = list(sig.names) + [n for n in info.intermediates if n not in sig.names]
+        loop_names: list[str] = []
+        for sem in info.equations:
+            for l in sem.inst.loops:
+                if l.var not in loop_names:
+                    loop_names.append(l.var)
+        taken = set(names) | set(loop_names)
+        for n in names:
+            self.buf[n] = self._safe(n, taken)
+        for n in loop_names:
+            self.loop[n] = self._safe(n, taken)
+
+    def _safe(self, n: str, taken: set[str]) -> str:
+        cand = n
+        if cand in _RESERVED or keyword.iskeyword(cand) or keyword.issoftkeyword(cand):
+            cand = n + "_"
+        elif cand.startswith("v_"):
+            cand = "l" + n
+        while cand in self.used or (cand != n and cand in taken):
+            cand += "_"
+        self.used.add(cand)
+        return cand
+
+    def iv(self, loop_var: str) -> str:
+        """Block iterator name of a loop index."""
+        return "v_" + self.loop[loop_var]
+
+
+class _Emitter:
+    def __init__(self, prog: A.Program, sig: Signature, info: ProgramInfo, target: str):
+        self.prog, self.sig, self.info, self.target = prog, sig, info, target
+        self.names = _Namer(prog, sig, info)
+        self.lines: list[str] = []
+        self.block_names: set[str] = set()
+        self.ctx: EqContext | None = None
+        self.types = {n: tvm_dtype(dt) for n, (dt, _s) in info.types.items()}
+        for t in sig.tensors:
+            self.types[t.name] = tvm_dtype(t.dtype)
+
+    # ----------------------------------------------------------------- types
+    def infer(self, e: A.Expr) -> str:
+        if isinstance(e, A.Int) or isinstance(e, A.Index):
+            return WEAK_INT
+        if isinstance(e, A.Float):
+            return WEAK_FLOAT
+        if isinstance(e, A.Tensor):
+            return self.types[e.name]
+        if isinstance(e, A.Neg):
+            t = self.infer(e.operand)
+            return "int32" if t == "bool" else t
+        if isinstance(e, A.BinOp):
+            t = promote(self.infer(e.lhs), self.infer(e.rhs))
+            if e.op in ("/", "**"):
+                return WEAK_FLOAT if is_intlike(t) else t
+            if t == "bool":
+                return "int32"
+            return t
+        if isinstance(e, A.Call):
+            if e.func in ("exp", "log", "sqrt", "erf", "tanh"):
+                t = self.infer(e.args[0])
+                return WEAK_FLOAT if is_intlike(t) else t
+            if e.func == "abs":
+                return self.infer(e.args[0])
+            if e.func in ("max", "min"):
+                return promote(self.infer(e.args[0]), self.infer(e.args[1]))
+            if e.func == "if_then_else":
+                return promote(self.infer(e.args[1]), self.infer(e.args[2]))
+        if isinstance(e, (A.Compare, A.BoolOp, A.Not)):
+            return "bool"
+        raise LoweringError(f"unsupported expression {format_expr(e)!r}{self._where()}")
+
+    def _where(self) -> str:
+        return f" in equation {self.ctx.where()}" if self.ctx else ""
+
+    # ------------------------------------------------------------ expressions
+    def emit(self, e: A.Expr, want: str) -> str:
+        """Text of ``e`` with TVM type exactly ``want`` (casting if needed)."""
+        t = self.infer(e)
+        if want == "bool" and isinstance(e, (A.Int, A.Float)):
+            return const("bool", e.value)
+        if t == WEAK_INT and not isinstance(e, A.Int) and want not in _INT_BITS:
+            r = "int32"  # integer arithmetic of indices/literals stays integer (floor semantics), cast once
+        else:
+            r = resolve(t, want)
+        s = self.emit_as(e, r)
+        return self.cast(s, r, want)
+
+    def cast(self, s: str, have: str, want: str) -> str:
+        if have == want:
+            return s
+        if want == "bool":
+            return f"({s} != {const(have, 0)})"
+        return f'T.Cast("{want}", {_strip(s)})'
+
+    def emit_as(self, e: A.Expr, r: str) -> str:
+        if isinstance(e, A.Int):
+            return const(r, e.value)
+        if isinstance(e, A.Float):
+            if r in _INT_BITS and not math.isinf(e.value) and e.value != int(e.value):
+                raise LoweringError(f"float literal {e.value} used as an integer{self._where()}")
+            return const(r, e.value)
+        if isinstance(e, A.Index):
+            s = self.names.iv(e.name)
+            return s if r == "int32" else f'T.Cast("{r}", {s})'
+        if isinstance(e, A.Tensor):
+            return self.load(e)
+        if isinstance(e, A.Neg):
+            if isinstance(e.operand, A.Float) and math.isinf(e.operand.value):
+                return const(r, -e.operand.value)
+            if isinstance(e.operand, (A.Int, A.Float)) and (r in _FLOAT_BITS or r in _INT_BITS):
+                return const(r, -e.operand.value)
+            return f"(-{self.emit(e.operand, r)})"
+        if isinstance(e, A.BinOp):
+            return self.binop(e, r)
+        if isinstance(e, A.Call):
+            return self.call(e, r)
+        if isinstance(e, A.Compare):
+            ct = resolve(promote(self.infer(e.lhs), self.infer(e.rhs)), WEAK_INT)
+            return f"({self.emit(e.lhs, ct)} {_CMP[e.op]} {self.emit(e.rhs, ct)})"
+        if isinstance(e, A.BoolOp):
+            return f"({self.emit(e.lhs, 'bool')} {e.op} {self.emit(e.rhs, 'bool')})"
+        if isinstance(e, A.Not):
+            return f"(not {self.emit(e.operand, 'bool')})"
+        raise LoweringError(f"unsupported expression {format_expr(e)!r}{self._where()}")
+
+    def binop(self, e: A.BinOp, r: str) -> str:
+        a, b = self.emit(e.lhs, r), self.emit(e.rhs, r)
+        if e.op in ("+", "-", "*"):
+            return f"({a} {e.op} {b})"
+        if e.op == "/":
+            if not is_float(r):
+                raise LoweringError(f"true division computed in {r}{self._where()}")
+            return f"({a} / {b})"
+        if e.op == "//":
+            if r == "bfloat16":
+                return f'T.Cast("{r}", T.floor(T.Cast("float32", {a} / {b})))'
+            return f"T.floor({a} / {b})" if is_float(r) else f"T.floordiv({_strip(a)}, {_strip(b)})"
+        if e.op == "%":
+            if r == "bfloat16":
+                return f'({a} - T.Cast("{r}", T.floor(T.Cast("float32", {a} / {b}))) * {b})'
+            return f"({a} - T.floor({a} / {b}) * {b})" if is_float(r) else f"T.floormod({_strip(a)}, {_strip(b)})"
+        if e.op == "**":
+            if r == "bfloat16":
+                return f'T.Cast("{r}", T.pow(T.Cast("float32", {_strip(a)}), T.Cast("float32", {_strip(b)})))'
+            return f"T.pow({_strip(a)}, {_strip(b)})"
+        raise LoweringError(f"unsupported operator {e.op!r}{self._where()}")
+
+    def call(self, e: A.Call, r: str) -> str:
+        f = e.func
+        if f in ("exp", "log", "sqrt", "tanh", "erf"):
+            x = self.emit(e.args[0], r)
+            if r == "bfloat16" or (f == "erf" and self.target == "cpu" and r == "float16"):
+                return f'T.Cast("{r}", T.{f}(T.Cast("float32", {_strip(x)})))'
+            return f"T.{f}({_strip(x)})"
+        if f == "abs":
+            return f"T.abs({_strip(self.emit(e.args[0], r))})"
+        if f in ("max", "min") and r == "bool":  # TVM has no bool max/min: or / and
+            op = "or" if f == "max" else "and"
+            return f"({self.emit(e.args[0], r)} {op} {self.emit(e.args[1], r)})"
+        if f in ("max", "min"):
+            return f"T.{f}({_strip(self.emit(e.args[0], r))}, {_strip(self.emit(e.args[1], r))})"
+        if f == "if_then_else":
+            c = _strip(self.emit(e.args[0], "bool"))
+            a, b = _strip(self.emit(e.args[1], r)), _strip(self.emit(e.args[2], r))
+            return f"T.if_then_else({c}, {a}, {b})"
+        raise LoweringError(f"unsupported function {f!r}{self._where()}")
+
+    def index(self, e: A.Expr) -> str:
+        t = self.infer(e)
+        if t == WEAK_INT or t == "bool":
+            t = "int32"
+        if t not in _INT_BITS:
+            raise LoweringError(f"subscript {format_expr(e)!r} is not an integer expression{self._where()}")
+        return self.emit(e, t)
+
+    def load(self, t: A.Tensor) -> str:
+        name = self.names.buf[t.name]
+        if not t.indices:
+            return f"{name}[()]"
+        return f"{name}[{', '.join(_strip(self.index(i)) for i in t.indices)}]"
+
+    # ------------------------------------------------------------ statements
+    def out(self, depth: int, s: str) -> None:
+        self.lines.append("    " * depth + s)
+
+    def block_name(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.block_names:
+            k += 1
+            name = f"{base}_{k}"
+        self.block_names.add(name)
+        return name
+
+    def loop_header(self, l: A.Loop) -> str:
+        v = self.names.loop[l.var]
+        if l.kind == "B":
+            if self.target == "cuda":
+                return f'for {v} in T.thread_binding({l.extent}, thread="{l.thread_tag}"):'
+            return f"for {v} in range({l.extent}):"
+        return f"for {v} in {_LOOP_FUNCS[l.kind]}({l.extent}):"
+
+    def iter_vars(self, depth: int, loops, reduce: set[str]) -> None:
+        if not loops:
+            return
+        ivs = [self.names.iv(l.var) for l in loops]
+        kinds = "".join("R" if l.var in reduce else "S" for l in loops)
+        if len(loops) == 1:
+            axis = "reduce" if kinds == "R" else "spatial"
+            self.out(depth, f"{ivs[0]} = T.axis.{axis}({loops[0].extent}, {self.names.loop[loops[0].var]})")
+        else:
+            srcs = ", ".join(self.names.loop[l.var] for l in loops)
+            self.out(depth, f'{", ".join(ivs)} = T.axis.remap("{kinds}", [{srcs}])')
+
+    def store(self, target: A.Tensor, value_text: str) -> str:
+        return f"{self.load(target)} = {value_text}"
+
+    def equation(self, depth: int, c: EqContext, use_tinit: bool) -> None:
+        self.ctx = c
+        loops = [l for _, l in c.loops]
+        red = set(c.sem.reduction_axes)
+        tdt = self.types[c.eq.target.name]
+        self.out(depth, f'with T.sblock("{self.block_name(c.eq.target.name)}"):')
+        self.iter_vars(depth + 1, loops, red)
+        if c.sem.init is not None and use_tinit:
+            self.out(depth + 1, "with T.init():")
+            self.out(depth + 2, self.store(c.eq.target, const(tdt, c.sem.init)))
+        self.out(depth + 1, self.store(c.eq.target, _strip(self.emit(c.eq.value, tdt))))
+        self.ctx = None
+
+    def init_nest(self, depth: int, c: EqContext) -> int:
+        """Separate identity fill for an accumulation whose target is not injective."""
+        self.ctx = c
+        spatial = [l for _, l in c.loops if l.var not in c.sem.reduction_axes]
+        written_here = {x.eq.target.name for x in self._nest_ctxs[c.nest]}
+        sub_reads = {t.name for i in c.eq.target.indices for t in tensor_refs(i)}
+        if sub_reads & written_here:
+            raise LoweringError(f"cannot place the implicit initialisation of {c.eq.target.name} before nest {c.nest}: "
+                                f"its subscript reads {sorted(sub_reads & written_here)} computed in the same nest")
+        if self.target == "cuda" and not any(l.kind == "B" for l in spatial):
+            raise LoweringError(f"the implicit initialisation of {c.eq.target.name} in {c.where()} needs its own "
+                                "kernel, but the equation's spatial loops carry no thread binding")
+        d = depth
+        for l in spatial:
+            kind = "B" if l.kind == "B" else "L"
+            self.out(d, self.loop_header(A.Loop(kind, l.extent, l.var)))
+            d += 1
+        self.out(d, f'with T.sblock("{self.block_name(c.eq.target.name + "_init")}"):')
+        self.iter_vars(d + 1, spatial, set())
+        self.out(d + 1, self.store(c.eq.target, const(self.types[c.eq.target.name], c.sem.init)))
+        self.ctx = None
+        return d
+
+    # ------------------------------------------------------------- program
+    def run(self) -> str:
+        prog, sig, info = self.prog, self.sig, self.info
+        ctxs = eq_contexts(prog, info)
+        self._nest_ctxs: dict[int, list[EqContext]] = {}
+        for c in ctxs:
+            self._nest_ctxs.setdefault(c.nest, []).append(c)
+        use_tinit: dict[int, bool] = {}
+        for c in ctxs:
+            if c.sem.init is None:
+                continue
+            spatial = [l.var for _, l in c.loops if l.var not in c.sem.reduction_axes]
+            ext = {l.var: l.extent for _, l in c.loops}
+            use_tinit[c.index] = subscript_injective(c.eq.target, spatial, ext)
+
+        params = []
+        for t in sig.tensors:
+            shape = "(" + ", ".join(str(s) for s in t.shape) + ("," if len(t.shape) == 1 else "") + ")"
+            params.append(f'{self.names.buf[t.name]}: T.Buffer({shape}, "{tvm_dtype(t.dtype)}")')
+        self.out(0, "@I.ir_module")
+        self.out(0, "class Module:")
+        self.out(1, "@T.prim_func(s_tir=True)")
+        self.out(1, f"def main({', '.join(params)}):")
+        depth = 2
+        glob, block_alloc = [], []
+        for n in info.intermediates:
+            scope = info.types[n][1]
+            (glob if scope == "g" else block_alloc).append(n)
+        for n in glob:
+            self.out(depth, f'{self.names.buf[n]} = T.alloc_buffer({_shape(info.shapes[n])}, "{self.types[n]}")')
+        if block_alloc:
+            self.out(depth, 'with T.sblock("root"):')
+            depth += 1
+            for n in block_alloc:
+                scope = A.SCOPES[info.types[n][1]]
+                self.out(depth, f'{self.names.buf[n]} = T.sblock_alloc_buffer({_shape(info.shapes[n])}, '
+                                f'"{self.types[n]}", scope="{scope}")')
+        self.block_names = set()
+        k = 0
+        for n, nest in enumerate(prog.nests):
+            for c in self._nest_ctxs.get(n, []):
+                if c.sem.init is not None and not use_tinit[c.index]:
+                    self.init_nest(depth, c)
+            k = self.nest(depth, nest, ctxs, k, use_tinit)
+        if not prog.nests:
+            self.out(depth, "T.evaluate(0)")
+        return "\n".join(self.lines) + "\n"
+
+    def nest(self, depth: int, nest: A.Nest, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
+        d = depth
+        for l in nest.loops:
+            self.out(d, self.loop_header(l))
+            d += 1
+        if not nest.body:
+            self.out(d, "T.evaluate(0)")
+        for item in nest.body:
+            if isinstance(item, A.Assign):
+                c = ctxs[k]
+                self.equation(d, c, use_tinit.get(c.index, True))
+                k += 1
+            else:
+                k = self.nest(d, item, ctxs, k, use_tinit)
+        return k
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    if len(shape) == 1:
+        return f"({shape[0]},)"
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def _strip(s: str) -> str:
+    """Drop one redundant pair of outer parentheses."""
+    if s.startswith("(") and s.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(s):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(s) - 1:
+                return s
+        return s[1:-1]
+    return s
+
+
+def lower_module(module_or_program, signature: Signature | None = None, target: str = "cpu") -> Lowered:
+    """Lower LEIR to TVMScript and return it with its parameter mapping (see :class:`Lowered`).
+
+    Raises :class:`LoweringError` for LEIR semantic errors (shapes, bounds, dtype clashes,
+    from :func:`steptp.leir.analysis.analyze`), unsupported dtypes/constructs, a tensor used
+    with two storage scopes, and loop hazards (:func:`steptp.backend.preflight.loop_hazards`).
+    """
+    if target not in TARGETS:
+        raise LoweringError(f"unknown target {target!r}; expected one of {TARGETS}")
+    prog, sig = coerce_module(module_or_program, signature)
+    info = analyze_or_raise(prog, sig)
+    for t in sig.tensors:
+        tvm_dtype(t.dtype)
+    _check_scopes(prog, info)
+    hazards = loop_hazards(prog, sig, info)
+    if hazards:
+        raise LoweringError("; ".join(hazards))
+    em = _Emitter(prog, sig, info, target)
+    text = em.run()
+    params = tuple((t.name, em.names.buf[t.name]) for t in sig.tensors)
+    return Lowered(text, target, sig, params, info)
+
+
+def _check_scopes(prog: A.Program, info: ProgramInfo) -> None:
+    seen: dict[str, tuple[str, str]] = {}
+    for s in info.equations:
+        eq = s.inst.eq
+        for t in [eq.target, *tensor_refs(eq.value), *[r for i in eq.target.indices for r in tensor_refs(i)]]:
+            prev = seen.get(t.name)
+            if prev is None:
+                seen[t.name] = (t.scope, format_assign(eq))
+            elif prev[0] != t.scope and t.name in info.intermediates:
+                raise LoweringError(f"intermediate {t.name} is used with storage scopes '{prev[0]}' "
+                                    f"('{prev[1]}') and '{t.scope}' ('{format_assign(eq)}')")
+
+
+def lower(module_or_program, signature: Signature | None = None, target: str = "cpu") -> str:
+    """TVMScript text (an ``@I.ir_module`` with one ``@T.prim_func(s_tir=True) main``) of a
+    LEIR program.
+
+    * ``module_or_program``: :class:`~steptp.leir.fileformat.LeirModule`, ``.leir`` text
+      with a signature header, or a :class:`~steptp.leir.ast.Program` (then ``signature``
+      is required; it also overrides a module's own signature).
+    * ``target``: ``"cpu"`` (bound loops become serial, fp16 erf workaround) or ``"cuda"``
+      (``T.thread_binding``).
+    * The function's parameters are the signature's known tensors in header order, as
+      ``T.Buffer(shape, dtype)``; outputs are written in place.
+
+    Deterministic (same input -> same bytes). Raises :class:`LoweringError` (see
+    :func:`lower_module`). Source: paper §3 "LEIR-to-TIR translator"; TVM 0.27 TVMScript.
+    """
+    return lower_module(module_or_program, signature, target).text
+
+
+__all__ = ["TARGETS", "SUPPORTED_DTYPES", "Lowered", "lower", "lower_module", "tvm_dtype", "promote", "resolve",
+           "const", "WEAK_INT", "WEAK_FLOAT"]

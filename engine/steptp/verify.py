@@ -1,0 +1,538 @@
+"""Numerical verification of LEIR programs (paper §3.4 "Verification"; design.md §5).
+
+* Originals are checked against their PyTorch program (:func:`verify_against`), transformed
+  programs against their original (:func:`verify_pair`).
+* Every check runs ``trials`` (default 3) independent trials with seeded random inputs
+  (:func:`random_inputs`) and passes only if every output of every trial matches
+  (:func:`compare`, per-dtype :data:`TOLERANCES`).
+* The outcome is a :class:`VerifyResult` with the paper's progressive metrics: **Diff** (the
+  canonical LEIR text changed), **Build** (lowering, LLVM build and, by default, the GPU
+  preflight and TVM CUDA code generation; optionally nvcc), **Exec** (the CPU kernel ran on
+  every trial), **Equal** (all outputs within tolerance), plus a ``reason`` naming the first
+  failure.
+* Execution is in process by default. ``isolated=True`` runs build+run in a ``spawn`` worker
+  process (:class:`steptp.backend.build.IsolatedRunner`) with a time limit ``timeout_s``, so
+  a hanging or crashing kernel costs one candidate; the dataset path uses that mode.
+
+Input distribution (:func:`random_inputs`), chosen so that sign-dependent code (relu,
+abs, max/min, masks) and domain-restricted code (log, sqrt, fractional powers) are both
+exercised across the three trials:
+
+=========  ====================================  ======================================
+trial % 3  floating point tensors                 integer tensors (not used as indices)
+=========  ====================================  ======================================
+0          uniform(-2, 2)                         uniform integers in [-8, 8] without 0
+1          uniform(0.1, 2): log/sqrt finite        uniform integers in [1, 8]
+2          standard normal                         uniform integers in [-8, 8] without 0
+=========  ====================================  ======================================
+
+Integer inputs used in a subscript (indirect indexing, e.g. cross-entropy targets) are drawn
+uniformly from ``[0, M)`` where ``M`` is the largest bound that keeps every such subscript
+in range (interval analysis over the program). Zero is excluded elsewhere so that integer
+division by an input cannot trap. Booleans are fair coin flips. Draws are float64 rounded
+to the tensor dtype; the generator is ``numpy.random.default_rng([seed, trial])``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .backend.build import IsolatedRunner, nvcc_check, nvcc_path, np_dtype, run_lowered
+from .backend.errors import BackendError, BuildError, ExecError, LoweringError
+from .backend.hardware import DEFAULT_GPU, GpuLimits
+from .backend.preflight import preflight
+from .backend.tvmscript import lower_module, tvm_dtype
+from .leir import ast as A
+from .leir.analysis import analyze, equation_instances, interval, tensor_refs, LeirSemanticError
+from .leir.fileformat import LeirModule, Signature
+from .leir.printer import format_program
+
+# ---------------------------------------------------------------------------
+# Tolerances
+# ---------------------------------------------------------------------------
+
+#: Per-dtype ``(rtol, atol)``. An element passes when
+#: ``|out - ref| <= atol * scale + rtol * |ref|`` with ``scale = max(1, rms(ref))`` (the
+#: root mean square of the finite reference values of that output). Equal infinities and
+#: NaN == NaN pass; any other non-finite mismatch fails. Integers and booleans must be equal.
+#:
+#: Why the ``scale``: the absolute rounding error of a reduction grows with the magnitude of
+#: what it sums, so a fixed atol rejects correct reorderings of long reductions at outputs
+#: that happen to be near zero; scaling by the output's typical magnitude keeps the test
+#: relative to the data (e.g. f32 matmul with K=2022: rms ~45, errors ~1e-4).
+#:
+#: Stricter than the paper's code (reference-notes §4), which passes a whole output when ANY
+#: of: max relative error <= 5e-3, max abs error <= 1e-7, MSE <= 1e-5, or (f32) max abs
+#: error < 1e-3, or (f16) max abs error < 1.5. Here every element of every trial must pass
+#: (no MSE escape hatch: one wrong element fails), and the per-element bound is far below
+#: theirs for outputs with rms(ref) <= 100: f32 allows 1e-5*scale + 1e-4*|ref| (theirs 1e-3
+#: absolute or 5e-3 relative), f16 1e-2*scale + 1e-2*|ref| (theirs 1.5 absolute), f64
+#: 1e-10*scale + 1e-9*|ref| (theirs 5e-3 relative).
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "f64": (1e-9, 1e-10),
+    "f32": (1e-4, 1e-5),
+    "f16": (1e-2, 1e-2),
+    "bf16": (4e-2, 4e-2),
+    "i8": (0.0, 0.0), "i16": (0.0, 0.0), "i32": (0.0, 0.0), "i64": (0.0, 0.0),
+    "u8": (0.0, 0.0), "u16": (0.0, 0.0), "u32": (0.0, 0.0), "u64": (0.0, 0.0),
+    "bool": (0.0, 0.0),
+}
+
+_NP_TO_CODE = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16", "bool": "bool",
+               "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+               "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64"}
+
+
+def dtype_code(dtype) -> str:
+    """LEIR dtype code of a LEIR code, TVM name or numpy dtype (``float32`` -> ``f32``)."""
+    s = str(dtype)
+    if s in TOLERANCES:
+        return s
+    s = str(np.dtype(dtype)) if s not in _NP_TO_CODE else s
+    if s not in _NP_TO_CODE:
+        raise ValueError(f"no tolerance for dtype {dtype!r}")
+    return _NP_TO_CODE[s]
+
+
+def _to_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def compare(ref, out, dtype, rtol: float | None = None, atol: float | None = None) -> tuple[bool, float, float]:
+    """Compare one output with its reference.
+
+    * ``ref``, ``out``: arrays (numpy, or anything ``np.asarray`` takes; torch tensors are
+      detached) of the same shape; compared in float64.
+    * ``dtype``: the output's dtype (LEIR code ``f32``, TVM/numpy name or dtype); selects
+      ``(rtol, atol)`` from :data:`TOLERANCES` unless given.
+
+    Returns ``(ok, max_abs_err, max_rel_err)``: ``max_abs_err = max|out-ref|`` over elements
+    where both are finite; ``max_rel_err = max |out-ref| / (|ref| + 1e-8)`` (the paper code's
+    definition, so numbers are comparable); both are ``inf`` when the non-finite patterns
+    differ (NaN vs number, +inf vs -inf...) or the shapes differ. NaN == NaN and equal
+    infinities count as equal. Integer/bool outputs must match exactly.
+    """
+    code = dtype_code(dtype)
+    r_tol, a_tol = TOLERANCES[code]
+    r_tol = r_tol if rtol is None else rtol
+    a_tol = a_tol if atol is None else atol
+    ref = _to_numpy(ref)
+    out = _to_numpy(out)
+    if ref.shape != out.shape:
+        return False, math.inf, math.inf
+    if ref.size == 0:
+        return True, 0.0, 0.0
+    r = ref.astype(np.float64)
+    o = out.astype(np.float64)
+    if code == "bool" or code[0] in "iu":
+        if code == "bool":
+            eq = ref.astype(bool) == out.astype(bool)
+        else:
+            eq = ref.astype(np.int64) == out.astype(np.int64)
+        d = np.abs(r - o)
+        return bool(eq.all()), float(d.max()), float((d / (np.abs(r) + 1e-8)).max())
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _compare_float(r, o, r_tol, a_tol)
+
+
+def _rms(x: np.ndarray) -> float:
+    """Root mean square without overflow (values near the float64 limit stay finite)."""
+    if x.size == 0:
+        return 0.0
+    m = float(np.max(np.abs(x)))
+    if m == 0.0:
+        return 0.0
+    return m * float(np.sqrt(np.mean(np.square(x / m))))
+
+
+def _compare_float(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float) -> tuple[bool, float, float]:
+    both_nan = np.isnan(r) & np.isnan(o)
+    finite = np.isfinite(r) & np.isfinite(o)
+    same = both_nan | (r == o)
+    special_bad = ~same & ~finite
+    fin_ref = r[np.isfinite(r)]
+    scale = max(1.0, _rms(fin_ref))
+    d = np.where(finite, np.abs(r - o), 0.0)
+    allowed = a_tol * scale + r_tol * np.abs(np.where(finite, r, 0.0))
+    ok = bool(np.all(same | (finite & (d <= allowed))))
+    if special_bad.any():
+        return False, math.inf, math.inf
+    return ok, float(d.max()), float((d / (np.abs(np.where(finite, r, 0.0)) + 1e-8)).max())
+
+
+def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, code: str) -> str:
+    r = _to_numpy(ref).astype(np.float64)
+    o = _to_numpy(out).astype(np.float64)
+    if r.shape != o.shape:
+        return f"output {name} has shape {list(o.shape)}, reference {list(r.shape)} (trial {trial})"
+    bad_special = ~((np.isnan(r) & np.isnan(o)) | (r == o)) & ~(np.isfinite(r) & np.isfinite(o))
+    if bad_special.any():
+        idx = tuple(int(i) for i in np.argwhere(bad_special)[0])
+        n = int(bad_special.sum())
+        return (f"output {name} differs in trial {trial}: {n} element(s) with mismatched inf/nan, first at "
+                f"{idx} (ref {r[idx]!r}, got {o[idx]!r})")
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.where(np.isfinite(r) & np.isfinite(o), np.abs(r - o), 0.0)
+    idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(d)), d.shape)) if d.ndim else ()
+    rt, at = TOLERANCES[code]
+    return (f"output {name} differs in trial {trial}: max abs error {float(d.max()):.3g} at {idx} "
+            f"(ref {r[idx]:.9g}, got {o[idx]:.9g}); tolerance {code} rtol={rt:g} atol={at:g}*max(1,rms)")
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+
+def index_bounds(signature: Signature, programs: Sequence[A.Program] = ()) -> dict[str, int]:
+    """For each integer input used inside a subscript: the largest ``M`` such that values in
+    ``[0, M)`` keep every subscript it appears in within its tensor's extent (by interval
+    analysis with the enclosing loop ranges). Inputs with no provable bound are omitted."""
+    ints = {t.name for t in signature.tensors if not t.is_output and (t.dtype[0] in "iu")}
+    bounds: dict[str, int] = {}
+    for prog in programs:
+        try:
+            shapes = analyze(prog, signature, check_bounds=False).shapes
+        except (LeirSemanticError, ValueError):
+            shapes = {t.name: t.shape for t in signature.tensors}
+        for inst in equation_instances(prog):
+            ranges = {l.var: l.extent for l in inst.loops}
+            acc = [inst.eq.target, *tensor_refs(inst.eq.value)]
+            acc += [r for i in inst.eq.target.indices for r in tensor_refs(i)]
+            for t in acc:
+                shape = shapes.get(t.name)
+                if shape is None or len(shape) != len(t.indices):
+                    continue
+                for d, entry in enumerate(t.indices):
+                    for x in {r.name for r in tensor_refs(entry)} & ints:
+                        m = _largest_bound(entry, x, ranges, shape[d])
+                        if m is not None:
+                            bounds[x] = min(bounds.get(x, m), m)
+    return bounds
+
+
+def _largest_bound(entry: A.Expr, name: str, ranges: dict[str, int], extent: int) -> int | None:
+    def fits(m: int) -> bool:
+        try:
+            lo, hi = interval(entry, ranges, {name: (0, m - 1)})
+        except LeirSemanticError:
+            return False
+        return lo >= 0 and hi <= extent - 1
+
+    if not fits(1):
+        return None
+    lo, hi = 1, extent
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def random_inputs(signature: Signature, seed: int = 0, trial: int = 0,
+                  programs: Sequence[A.Program] = ()) -> dict[str, np.ndarray]:
+    """Seeded random values for every non-output tensor of ``signature`` (inputs, params and
+    constants), by name, with the declared shape and numpy dtype.
+
+    The distribution depends on ``trial % 3`` (module docstring table). ``programs``
+    (LEIR programs reading these inputs) lets integer tensors used as indices get a range
+    that keeps the subscripts in bounds (:func:`index_bounds`). Deterministic: the same
+    ``(signature, seed, trial, programs)`` gives bit-identical arrays
+    (``np.random.default_rng([seed, trial])``, tensors drawn in header order).
+    """
+    rng = np.random.default_rng([int(seed), int(trial)])
+    kind = trial % 3
+    bounds = index_bounds(signature, programs) if programs else {}
+    out: dict[str, np.ndarray] = {}
+    for t in signature.tensors:
+        if t.is_output:
+            continue
+        dt = np_dtype(tvm_dtype(t.dtype))
+        shape = tuple(t.shape)
+        if t.dtype == "bool":
+            x = rng.random(shape) < 0.5
+        elif t.dtype[0] in "iu":
+            if t.name in bounds:
+                x = rng.integers(0, bounds[t.name], size=shape)
+            elif kind == 1 or t.dtype[0] == "u":
+                x = rng.integers(1, 9, size=shape)
+            else:
+                x = rng.integers(1, 9, size=shape) * np.where(rng.random(shape) < 0.5, -1, 1)
+        else:
+            if kind == 0:
+                x = rng.uniform(-2.0, 2.0, size=shape)
+            elif kind == 1:
+                x = rng.uniform(0.1, 2.0, size=shape)
+            else:
+                x = rng.standard_normal(size=shape)
+        out[t.name] = np.asarray(x).astype(dt)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verification (paper §4.2 metrics, progressive).
+
+    * ``diff``: the canonical LEIR text differs from the original (always True for
+      :func:`verify_against`, which has no LEIR baseline).
+    * ``build``: lowered and built for the CPU (+ GPU preflight and TVM CUDA codegen when
+      ``gpu_check``; + nvcc when requested and present).
+    * ``exec``: the kernel ran on every trial. ``equal``: every output of every trial within
+      :data:`TOLERANCES`.
+    * ``reason``: '' when all four hold, else the first failure (stage and what failed).
+    * ``max_abs_err`` / ``max_rel_err``: maxima over trials and outputs (see :func:`compare`);
+      ``None`` when nothing was compared.
+    * ``trials``: number of trials whose outputs were compared.
+    """
+
+    diff: bool = False
+    build: bool = False
+    exec: bool = False
+    equal: bool = False
+    reason: str = ""
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    trials: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.diff and self.build and self.exec and self.equal
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (non-finite errors become ``None``; see ``reason`` for why)."""
+        d = asdict(self)
+        for k in ("max_abs_err", "max_rel_err"):
+            v = d[k]
+            if v is not None and not math.isfinite(v):
+                d[k] = None
+        return d
+
+
+# ---------------------------------------------------------------------------
+# Execution strategy
+# ---------------------------------------------------------------------------
+
+_DEFAULT_RUNNER: IsolatedRunner | None = None
+_RUNNER_LOCK = threading.Lock()
+
+
+def default_runner() -> IsolatedRunner:
+    """The process-wide :class:`IsolatedRunner` used by ``isolated=True`` (started lazily)."""
+    global _DEFAULT_RUNNER
+    with _RUNNER_LOCK:
+        if _DEFAULT_RUNNER is None:
+            _DEFAULT_RUNNER = IsolatedRunner()
+            import atexit
+
+            atexit.register(_DEFAULT_RUNNER.close)
+        return _DEFAULT_RUNNER
+
+
+def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig: Signature,
+             inputs: list[dict], cuda_text: str | None) -> list[dict]:
+    if runner is None:
+        return run_lowered(cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch)
+    return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
+
+
+def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool, limits: GpuLimits) -> tuple[str, str | None]:
+    """Lower for CPU (and CUDA when ``gpu_check``); raises Lowering/Preflight/BuildError."""
+    low = lower_module(module, None, "cpu")
+    cuda_text = None
+    if gpu_check:
+        preflight(module, None, limits)
+        cuda_text = lower_module(module, None, "cuda").text
+        if nvcc and nvcc_path() is not None:
+            r = nvcc_check([cuda_text], limits)[0]
+            if r.ok is False:
+                raise BuildError(f"{r.status}: {r.reason}")
+    return low.text, cuda_text
+
+
+_REF_CACHE: "OrderedDict[tuple, tuple[list[dict], list[dict]]]" = OrderedDict()
+_REF_CACHE_SIZE = 4  # originals; the dataset verifies many candidates of one original in a row
+
+
+def _stage_word(e: BackendError) -> str:
+    return {"lower": "lowering", "preflight": "GPU preflight", "build": "build", "exec": "exec"}.get(e.stage, e.stage)
+
+
+def _compare_all(res: VerifyResult, refs: list[Mapping], outs: list[Mapping], sig: Signature) -> None:
+    max_abs, max_rel = 0.0, 0.0
+    first_bad = ""
+    for trial, (ref, out) in enumerate(zip(refs, outs)):
+        for t in sig.outputs:
+            if t.name not in ref:
+                raise ValueError(f"reference outputs lack tensor {t.name} (got {sorted(ref)})")
+            ok, a, r = compare(ref[t.name], out[t.name], t.dtype)
+            max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+            if not ok and not first_bad:
+                first_bad = _mismatch_detail(t.name, trial, ref[t.name], out[t.name], t.dtype)
+        res.trials = trial + 1
+    res.max_abs_err, res.max_rel_err = max_abs, max_rel
+    res.equal = not first_bad
+    res.reason = f"equal: {first_bad}" if first_bad else ""
+
+
+def _signature_mismatch(a: Signature, b: Signature) -> str:
+    def key(s: Signature):
+        return {t.name: (t.is_output, t.dtype, tuple(t.shape)) for t in s.tensors}
+
+    ka, kb = key(a), key(b)
+    if ka == kb:
+        return ""
+    missing = sorted(set(ka) - set(kb))
+    extra = sorted(set(kb) - set(ka))
+    changed = sorted(n for n in set(ka) & set(kb) if ka[n] != kb[n])
+    parts = []
+    if missing:
+        parts.append(f"missing {missing}")
+    if extra:
+        parts.append(f"extra {extra}")
+    if changed:
+        parts.append("changed " + ", ".join(f"{n}: {ka[n]} -> {kb[n]}" for n in changed))
+    return "known tensors differ: " + "; ".join(parts)
+
+
+def _runner_for(isolated: bool, runner: IsolatedRunner | None) -> IsolatedRunner | None:
+    if runner is not None:
+        return runner
+    return default_runner() if isolated else None
+
+
+def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, seed: int = 0,
+                timeout_s: float = 60.0, *, isolated: bool = False, runner: IsolatedRunner | None = None,
+                gpu_check: bool = True, nvcc: bool = False, require_diff: bool = True,
+                input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
+                limits: GpuLimits = DEFAULT_GPU) -> VerifyResult:
+    """Verify that ``transformed`` computes what ``original`` computes (one strategy step).
+
+    * Diff: canonical program texts differ; with ``require_diff`` (default) an unchanged
+      program stops here (diff False, nothing built).
+    * The two modules must declare the same known tensors (names, output-ness, dtypes,
+      shapes; header order may differ), else build False with the difference as reason.
+    * Build: CPU lowering + LLVM build; with ``gpu_check`` (default) also the GPU preflight
+      and TVM CUDA code generation; with ``nvcc`` also ``nvcc --ptx`` (skipped if absent).
+    * Exec/Equal: ``trials`` seeded trials (inputs from ``input_fn(seed, trial)`` or
+      :func:`random_inputs` over the original program); the original's outputs are the
+      reference (cached per original text, seed and trials when ``input_fn`` is None).
+    * ``isolated`` / ``runner``: run build+execution in a worker process with time limit
+      ``timeout_s`` seconds (ignored in process). A crash or time-out is an Exec failure.
+
+    If the original itself fails, every flag after Diff is False and ``reason`` starts with
+    ``original program failed``. Never raises for a bad candidate; raises ``ValueError``
+    for misuse (wrong reference shapes from ``input_fn`` etc.). Source: paper §3.4, §4.2.
+    """
+    res = VerifyResult()
+    res.diff = format_program(original.program) != format_program(transformed.program)
+    if not res.diff and require_diff:
+        res.reason = "diff: the transformed program is identical to the original"
+        return res
+    mismatch = _signature_mismatch(original.signature, transformed.signature)
+    if mismatch:
+        res.reason = f"build: {mismatch}"
+        return res
+    run = _runner_for(isolated, runner)
+    sig = original.signature
+
+    # reference (original) outputs
+    key = (original.text(), int(seed), int(trials)) if input_fn is None else None
+    cached = _REF_CACHE.get(key) if key is not None else None
+    if cached is not None:
+        _REF_CACHE.move_to_end(key)
+        inputs, refs = cached
+    else:
+        if input_fn is None:
+            inputs = [random_inputs(sig, seed, k, [original.program]) for k in range(trials)]
+        else:
+            inputs = [dict(input_fn(seed, k)) for k in range(trials)]
+        try:
+            text, _ = _prepare(original, False, False, limits)
+            refs = _execute(run, timeout_s, text, sig, inputs, None)
+        except BackendError as e:
+            res.reason = f"original program failed ({_stage_word(e)}): {e.reason}"
+            return res
+        if key is not None:
+            _REF_CACHE[key] = (inputs, refs)
+            while len(_REF_CACHE) > _REF_CACHE_SIZE:
+                _REF_CACHE.popitem(last=False)
+
+    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits)
+
+
+def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], refs: list[Mapping],
+                     run: IsolatedRunner | None, timeout_s: float, gpu_check: bool, nvcc: bool,
+                     limits: GpuLimits) -> VerifyResult:
+    try:
+        cpu_text, cuda_text = _prepare(module, gpu_check, nvcc, limits)
+        outs = _execute(run, timeout_s, cpu_text, module.signature, inputs, cuda_text)
+    except (LoweringError, BuildError) as e:
+        res.reason = f"build: {_stage_word(e)}: {e.reason}" if e.stage != "build" else f"build: {e.reason}"
+        return res
+    except ExecError as e:
+        res.build = True
+        res.reason = f"exec: {e.reason}"
+        return res
+    res.build = res.exec = True
+    _compare_all(res, refs, outs, module.signature)
+    return res
+
+
+def verify_against(module: LeirModule, reference_fn: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+                   input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None, trials: int = 3,
+                   seed: int = 0, timeout_s: float = 60.0, *, isolated: bool = False,
+                   runner: IsolatedRunner | None = None, gpu_check: bool = True, nvcc: bool = False,
+                   limits: GpuLimits = DEFAULT_GPU) -> VerifyResult:
+    """Verify a LEIR program against a reference implementation (e.g. its PyTorch model).
+
+    * ``reference_fn(inputs) -> {output name: array}``: called in this process with a copy
+      of each trial's inputs (every non-output tensor by name: inputs, params and
+      constants alike, numpy arrays of the declared dtype/shape); it returns every output
+      of the signature (numpy arrays or CPU torch tensors; compared in float64 with the
+      LEIR output dtype's tolerance).
+    * ``input_fn(seed, trial) -> {name: array}``: custom inputs; default
+      :func:`random_inputs` (``programs=[module.program]``).
+    * Build/Exec/isolation as in :func:`verify_pair`; ``diff`` is always True.
+
+    Exceptions raised by ``reference_fn`` or ``input_fn`` propagate (they are caller bugs);
+    a reference lacking an output raises ``ValueError``. Source: paper §3.4.
+    """
+    res = VerifyResult(diff=True)
+    sig = module.signature
+    run = _runner_for(isolated, runner)
+    if input_fn is None:
+        inputs = [random_inputs(sig, seed, k, [module.program]) for k in range(trials)]
+    else:
+        inputs = [dict(input_fn(seed, k)) for k in range(trials)]
+    refs = []
+    for x in inputs:
+        r = reference_fn({k: np.array(v, copy=True) for k, v in x.items()})
+        refs.append({k: _to_numpy(v) for k, v in dict(r).items()})
+    return _check_candidate(res, module, inputs, refs, run, timeout_s, gpu_check, nvcc, limits)
+
+
+def clear_reference_cache() -> None:
+    """Forget cached original outputs (see :func:`verify_pair`)."""
+    _REF_CACHE.clear()
+
+
+__all__ = ["TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
+           "verify_against", "default_runner", "clear_reference_cache"]

@@ -1,0 +1,237 @@
+"""Verification: tolerances, seeded inputs, verify_pair / verify_against outcomes, isolation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from steptp.leir import parse_leir
+from steptp.verify import (TOLERANCES, VerifyResult, compare, index_bounds, random_inputs, verify_against,
+                           verify_pair)
+
+MM_HDR = """% program: gemm relu
+% input A: f32[8,12]
+% param W: f32[16,12]
+% input Bb: f32[16]
+% output C: f32[8,16]
+"""
+MM = MM_HDR + """B^{8}_{tx=0}L^{16}_{a=0}L^{12}_{c=0}[D^{f32,g}_{tx,a}=D^{f32,g}_{tx,a}+A^{f32,g}_{tx,c}*W^{f32,g}_{a,c};];
+B^{8}_{tx=0}L^{16}_{a=0}[C^{f32,g}_{tx,a}=max(D^{f32,g}_{tx,a}+Bb^{f32,g}_{a},0.0);];
+"""
+
+
+def leir(text: str):
+    return parse_leir(text)
+
+
+def np_gemm_relu(x):
+    d = x["A"].astype(np.float64) @ x["W"].astype(np.float64).T
+    return {"C": np.maximum(d + x["Bb"], 0.0)}
+
+
+# --------------------------------------------------------------------------- tolerances
+
+
+def test_tolerance_table_is_stricter_than_the_paper_code():
+    # the paper's code passes a whole output if rtol<=5e-3 OR atol<=1e-7 OR MSE<=1e-5 ...
+    assert TOLERANCES["f64"] == (1e-9, 1e-10) and TOLERANCES["f32"] == (1e-4, 1e-5)
+    assert TOLERANCES["f16"] == (1e-2, 1e-2)
+    assert TOLERANCES["i64"] == (0.0, 0.0) and TOLERANCES["bool"] == (0.0, 0.0)
+    # an f32 output 1e-3 off everywhere passes theirs (f32: max abs error < 1e-3 ... or rtol <= 5e-3)
+    ref = np.linspace(1, 2, 1000)
+    assert not compare(ref, ref + 9e-4, "f32")[0]
+    # ... so one wrong element in a large output passes theirs (MSE tiny) but not ours
+    ref = np.linspace(-1, 1, 100_000).astype(np.float32)
+    out = ref.copy()
+    out[123] += 0.5
+    mse = float(np.mean((out.astype(np.float64) - ref) ** 2))
+    assert mse <= 1e-5
+    ok, max_abs, max_rel = compare(ref, out, "f32")
+    assert not ok and max_abs == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("dtype,rel_err,expect", [
+    ("f32", 5e-6, True), ("f32", 5e-4, False),
+    ("f16", 4e-3, True), ("f16", 5e-2, False),
+    ("f64", 1e-11, True), ("f64", 1e-7, False),
+])
+def test_relative_error_thresholds(dtype, rel_err, expect):
+    ref = np.linspace(1, 3, 64)
+    ok, max_abs, max_rel = compare(ref, ref * (1 + rel_err), dtype)
+    assert ok is expect
+    assert max_rel == pytest.approx(rel_err, rel=1e-3)
+
+
+def test_special_values_and_integers():
+    ref = np.array([np.nan, np.inf, -np.inf, 1.0])
+    assert compare(ref, ref.copy(), "f32") == (True, 0.0, 0.0)
+    assert compare(ref, np.array([np.nan, np.inf, np.inf, 1.0]), "f32")[0] is False      # -inf vs +inf
+    ok, a, r = compare(ref, np.array([1.0, np.inf, -np.inf, 1.0]), "f32")                  # nan vs number
+    assert not ok and math.isinf(a) and math.isinf(r)
+    assert compare(ref, np.array([np.nan, 1e30, -np.inf, 1.0]), "f32")[0] is False       # inf vs finite
+    assert compare(np.array([1, 2, 3]), np.array([1, 2, 3]), "i64")[0]
+    assert compare(np.array([1, 2, 3]), np.array([1, 2, 4]), "int64")[0] is False           # ints are exact
+    assert compare(np.array([True, False]), np.array([True, True]), np.bool_)[0] is False
+    assert compare(np.zeros((2, 3)), np.zeros((3, 2)), "f64")[0] is False                  # shapes differ
+
+
+def test_absolute_tolerance_scales_with_output_magnitude():
+    # near-zero elements of a large-magnitude output (long reductions) get atol * rms(ref)
+    ref = np.concatenate([np.full(99, 100.0), [0.0]])
+    out = ref.copy()
+    out[-1] = 5e-4                                          # 5e-4 <= 1e-5 * rms(~99.5)
+    assert compare(ref, out, "f32")[0]
+    assert not compare(np.concatenate([np.full(99, 1.0), [0.0]]), np.concatenate([np.full(99, 1.0), [5e-4]]), "f32")[0]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_random_inputs_are_seeded_and_cover_domains():
+    m = leir(MM)
+    a = random_inputs(m.signature, seed=7)
+    b = random_inputs(m.signature, seed=7)
+    assert set(a) == {"A", "W", "Bb"} and a["A"].dtype == np.float32 and a["A"].shape == (8, 12)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    c = random_inputs(m.signature, seed=8)
+    assert not np.array_equal(a["A"], c["A"])
+    t0, t1, t2 = (random_inputs(m.signature, 7, trial=k)["A"] for k in range(3))
+    assert t0.min() < 0 < t0.max() and np.all(np.abs(t0) <= 2)
+    assert t1.min() >= 0.1 and t1.max() <= 2                     # positive: log/sqrt are finite
+    assert t2.min() < 0 < t2.max() and not np.array_equal(t0, t2)
+
+
+def test_integer_index_inputs_stay_in_bounds():
+    m = leir("% program: g\n% input E: f16[6,5]\n% input C: i64[6]\n% input K: i32[6]\n% input M: bool[6]\n"
+             "% output I: f16[6]\n"
+             "B^{6}_{tx=0}[I^{f16,g}_{tx}=if_then_else(M^{bool,g}_{tx},E^{f16,g}_{tx,C^{i64,g}_{tx}},K^{i32,g}_{tx});];")
+    assert index_bounds(m.signature, [m.program]) == {"C": 5}
+    for trial in range(3):
+        x = random_inputs(m.signature, 0, trial, [m.program])
+        assert x["C"].dtype == np.int64 and x["C"].min() >= 0 and x["C"].max() < 5
+        assert x["K"].dtype == np.int32 and np.all(x["K"] != 0)       # no integer division by zero
+        assert x["M"].dtype == np.bool_ and x["E"].dtype == np.float16
+
+
+# --------------------------------------------------------------------------- verify_pair
+
+
+def test_verify_pair_accepts_correct_loop_reorder_and_fusion():
+    orig = leir(MM)
+    reorder = leir(MM.replace("L^{16}_{a=0}L^{12}_{c=0}", "L^{12}_{c=0}L^{16}_{a=0}"))
+    fused = leir(MM_HDR + "B^{8}_{tx=0}L^{16}_{a=0}[L^{12}_{c=0}[D^{f32,g}_{tx,a}=D^{f32,g}_{tx,a}+"
+                 "A^{f32,g}_{tx,c}*W^{f32,g}_{a,c};];C^{f32,g}_{tx,a}=max(D^{f32,g}_{tx,a}+Bb^{f32,g}_{a},0.0);];")
+    for t in (reorder, fused):
+        r = verify_pair(orig, t)
+        assert (r.diff, r.build, r.exec, r.equal, r.reason, r.trials) == (True, True, True, True, "", 3), r
+        assert r.ok and r.max_abs_err == 0.0
+
+
+def test_verify_pair_detects_a_changed_constant():
+    orig = leir(MM)
+    wrong = leir(MM.replace("0.0);", "0.001);"))
+    r = verify_pair(orig, wrong)
+    assert r.diff and r.build and r.exec and not r.equal and not r.ok
+    assert r.reason.startswith("equal: output C differs in trial 0")
+    assert r.max_abs_err == pytest.approx(0.001, rel=1e-3) and r.trials == 3
+
+
+def test_verify_pair_reduction_factorization_f32_passes():
+    hdr = "% program: rf\n% input A: f32[4,512]\n% output S: f32[4]\n"
+    orig = leir(hdr + "B^{4}_{tx=0}L^{512}_{c=0}[S^{f32,g}_{tx}=S^{f32,g}_{tx}+A^{f32,g}_{tx,c};];")
+    rf = leir(hdr + "B^{4}_{tx=0}L^{8}_{p=0}L^{64}_{c=0}[P^{f32,g}_{tx,p}=P^{f32,g}_{tx,p}+A^{f32,g}_{tx,p*64+c};];"
+              "B^{4}_{tx=0}L^{8}_{p=0}[S^{f32,g}_{tx}=S^{f32,g}_{tx}+P^{f32,g}_{tx,p};];")
+    r = verify_pair(orig, rf)
+    assert r.ok, r
+    assert 0 < r.max_abs_err < 1e-3     # a different summation order: not bit-identical, within tolerance
+
+
+def test_verify_pair_failures_are_reported_by_stage():
+    orig = leir(MM)
+    same = verify_pair(orig, leir(MM))
+    assert not same.diff and not same.build and same.reason.startswith("diff:")
+    assert verify_pair(orig, leir(MM), require_diff=False).equal
+    renamed = leir(MM.replace("Bb", "Bc"))
+    r = verify_pair(orig, renamed)
+    assert r.diff and not r.build and "known tensors differ" in r.reason
+    vec = leir(MM.replace("L^{12}_{c=0}", "V^{12}_{c=0}"))
+    r = verify_pair(orig, vec)
+    assert not r.build and r.reason.startswith("build: lowering:") and "vectorized loop c" in r.reason
+    hdr = MM_HDR.replace("8,12", "2048,12").replace("8,16", "2048,16")
+    body = MM.split("\n", 5)[5].replace("B^{8}_{tx=0}", "B^{2048}_{tx=0}")
+    big = leir(hdr + body)
+    big_t = leir(hdr + body.replace("L^{16}_{a=0}L^{12}_{c=0}", "L^{12}_{c=0}L^{16}_{a=0}"))
+    r = verify_pair(big, big_t)
+    assert not r.build and r.reason.startswith("build: GPU preflight:") and "2048" in r.reason
+    assert verify_pair(big, big_t, gpu_check=False).ok           # numerically fine on the CPU path
+    d = r.to_dict()
+    assert json.loads(json.dumps(d)) == d and d["max_abs_err"] is None
+
+
+def test_verify_result_to_dict_is_json_ready():
+    r = VerifyResult(True, True, True, False, "equal: x", math.inf, math.nan, 3)
+    d = r.to_dict()
+    assert d == {"diff": True, "build": True, "exec": True, "equal": False, "reason": "equal: x",
+                 "max_abs_err": None, "max_rel_err": None, "trials": 3}
+    json.dumps(d, allow_nan=False)
+
+
+# --------------------------------------------------------------------------- verify_against
+
+
+def test_verify_against_numpy_and_torch_reference():
+    m = leir(MM)
+    r = verify_against(m, np_gemm_relu)
+    assert r.ok and r.trials == 3 and 0 <= r.max_abs_err < 1e-4, r
+    bad = verify_against(m, lambda x: {"C": np_gemm_relu(x)["C"] * 1.01})
+    assert not bad.equal and "output C" in bad.reason
+    torch = pytest.importorskip("torch")
+
+    def torch_ref(x):
+        d = torch.from_numpy(x["A"]) @ torch.from_numpy(x["W"]).T
+        return {"C": torch.relu(d + torch.from_numpy(x["Bb"]))}
+
+    assert verify_against(m, torch_ref).ok
+    with pytest.raises(ValueError, match="lack tensor C"):
+        verify_against(m, lambda x: {"D": 0})
+
+
+def test_verify_against_with_custom_inputs_and_exec_failure_is_reported():
+    m = leir("% program: ce\n% input E: f64[6,5]\n% input C: i64[6]\n% output I: f64[6]\n"
+             "B^{6}_{tx=0}[I^{f64,g}_{tx}=-E^{f64,g}_{tx,C^{i64,g}_{tx}};];")
+    ref = lambda x: {"I": -x["E"][np.arange(6), x["C"]]}  # noqa: E731
+    assert verify_against(m, ref).ok                      # random C drawn in [0, 5)
+    seen = []
+
+    def inputs(seed, trial):
+        seen.append((seed, trial))
+        return {"E": np.full((6, 5), float(trial)), "C": np.arange(6) % 5}
+
+    r = verify_against(m, ref, input_fn=inputs, seed=3)
+    assert r.ok and seen == [(3, 0), (3, 1), (3, 2)]
+    r = verify_against(m, ref, input_fn=lambda s, t: {"E": np.zeros((6, 4)), "C": np.zeros(6, np.int64)})
+    assert r.build and not r.exec and "tensor E has shape [6, 4]" in r.reason
+
+
+@pytest.mark.slow
+def test_isolated_verification_survives_hang_and_segfault():
+    from steptp.backend import IsolatedRunner
+
+    orig = leir(MM)
+    hang = leir(MM.replace("B^{8}_{tx=0}L^{16}_{a=0}[C", "B^{8}_{tx=0}L^{16}_{a=0}L^{100000}_{k=0}L^{100000}_{j=0}[C"))
+    ce = leir("% program: ce\n% input E: f64[6,5]\n% input C: i64[6]\n% output I: f64[6]\n"
+              "B^{6}_{tx=0}[I^{f64,g}_{tx}=-E^{f64,g}_{tx,C^{i64,g}_{tx}};];")
+    reorder = leir(MM.replace("L^{16}_{a=0}L^{12}_{c=0}", "L^{12}_{c=0}L^{16}_{a=0}"))
+    with IsolatedRunner(timeout_s=60) as runner:
+        assert verify_pair(orig, reorder, runner=runner).ok   # warms the worker (import tvm, first build)
+        r = verify_pair(orig, hang, runner=runner, timeout_s=2)
+        assert r.build and not r.exec and "time limit of 2 s exceeded" in r.reason
+        # an out-of-bounds indirect read far outside the buffer kills the worker, not the caller
+        r = verify_against(ce, lambda x: {"I": np.zeros(6)}, runner=runner,
+                           input_fn=lambda s, t: {"E": np.ones((6, 5)), "C": np.full(6, 10**13, np.int64)})
+        assert r.build and not r.exec and "crashed" in r.reason
+        assert verify_pair(orig, reorder, runner=runner).ok
+        assert runner.restarts == 2
