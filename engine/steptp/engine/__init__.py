@@ -1,1 +1,16 @@
-"""engine"""
+"""Rule engine: egglog matching (patterns + Datalog preconditions), generic primitives,
+single-site application with seeded parameters.
+
+Public API::
+
+    find_sites(rule, module) -> list[Site]
+    list_candidates(rule, module) -> list[(Site, params)]
+    apply_rule(rule, module, seed=0, site=None, params=None) -> Step   # raises NoMatch
+"""
+
+from .apply import NoMatch, Step, apply_rule, check_rule, list_candidates
+from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
+from .primitives import Change, EqRef, NestRef, RewriteError
+
+__all__ = ["NoMatch", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",
+           "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]

@@ -1,0 +1,164 @@
+"""Chain-of-thought rendering from the actual change (paper §3.2 "CoT Construction").
+
+A rule's ``cot:`` is either a template file name (``cot_loop_change.j2``, looked up
+beside the rule file, in a ``templates/`` directory next to it, then in the shipped
+templates = repo-root ``templates/``) or an inline Jinja string. Every quoted LEIR
+fragment in the context is cut from the real ``before``/``after`` programs at the
+site's paths, or taken from the primitives' change log, never written after the fact.
+
+Context variables (all strings unless noted):
+
+* ``strategy`` (rule name), ``strategy_id``, ``category``, ``description`` (the rule's
+  fixed description sentence)
+* ``params`` (dict name -> text), ``param_text`` (``f=4, ...``), ``bindings`` (dict
+  metavariable -> LEIR text), ``site`` (text), ``scope``
+* ``before``/``after`` (whole programs), ``removed_nests``/``added_nests`` (lists of nest
+  texts present only in one of them), ``changes`` (list of dicts: kind, before, after,
+  where, ...)
+* per scope, from the real programs:
+  ``equation_before``/``equation_after``, ``site_before``/``site_after`` (expr),
+  ``nest_before``/``nest_after``, ``loops_before``/``loops_after``, ``loop_before``
+  (loop), ``nests_before`` (list, nests), ``tensor``, ``tensor_before``/
+  ``tensor_after``, ``occurrences``, ``scope_before``/``scope_after`` (tensor), ``substitutions`` (list of
+  ``{index, expr}``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from .leir import ast as A
+from .leir.fileformat import LeirModule
+from .leir.printer import format_assign, format_expr, format_loops, format_nest
+from .engine.match import Site, display
+from .engine.primitives import Change, expr_at, get_item, iter_tensors
+
+
+def _loader_for(rule) -> jinja2.BaseLoader:
+    from .resources import templates_dir
+
+    dirs = []
+    if getattr(rule, "path", None):
+        d = Path(rule.path).resolve().parent
+        dirs += [d, d / "templates", d.parent / "templates"]
+    dirs.append(templates_dir())
+    seen, uniq = set(), []
+    for d in dirs:
+        if str(d) not in seen and d.is_dir():
+            seen.add(str(d))
+            uniq.append(str(d))
+    return jinja2.FileSystemLoader(uniq)
+
+
+@lru_cache(maxsize=64)
+def _env(dirs_key: tuple) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(list(dirs_key)), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, autoescape=False, keep_trailing_newline=False)
+
+
+def _template(rule) -> jinja2.Template:
+    loader = _loader_for(rule)
+    return _compiled(tuple(loader.searchpath), rule.cot)
+
+
+@lru_cache(maxsize=256)
+def _compiled(dirs_key: tuple, cot: str) -> jinja2.Template:
+    env = _env(dirs_key)
+    if cot.endswith(".j2"):
+        return env.get_template(cot)
+    return env.from_string(cot)
+
+
+def check_template(rule) -> None:
+    """Raise if the rule's CoT template is missing or does not parse."""
+    _template(rule)
+
+
+def _nest_diff(before: A.Program, after: A.Program) -> tuple[list[str], list[str]]:
+    """Top-level nest texts only in ``before`` / only in ``after`` (multiset difference,
+    program order)."""
+    b = [format_nest(n) for n in before.nests]
+    a = [format_nest(n) for n in after.nests]
+
+    def only(xs, ys):
+        left = Counter(xs) - Counter(ys)
+        out = []
+        for x in xs:
+            if left[x] > 0:
+                out.append(x)
+                left[x] -= 1
+        return out
+
+    return only(b, a), only(a, b)
+
+
+def _fmt_param(v) -> str:
+    if isinstance(v, tuple):
+        return "(" + ", ".join(map(str, v)) + ")"
+    return str(v)
+
+
+def cot_context(rule, before: LeirModule, after: LeirModule, site: Site, params: dict, env: dict,
+                changes: list[Change]) -> dict:
+    """The Jinja context for one step (see the module docstring)."""
+    bp, ap = before.program, after.program
+    rem, add = _nest_diff(bp, ap)
+    ctx: dict = {
+        "strategy": rule.name, "strategy_id": rule.id, "category": rule.category, "description": rule.description,
+        "params": {k: _fmt_param(v) for k, v in params.items()},
+        "param_text": ", ".join(f"{k}={_fmt_param(v)}" for k, v in params.items()),
+        "bindings": {k: display(v) for k, v in site.bindings if not k.startswith("_")
+                     and k not in ("eq", "nest", "site", "pos")},
+        "site": str(site), "scope": site.scope,
+        "before": format_nest_list(bp), "after": format_nest_list(ap),
+        "removed_nests": rem, "added_nests": add,
+        "changes": [c.as_dict() for c in changes],
+        "substitutions": [{"index": c.before, "expr": c.after} for c in changes if c.kind == "substitute"],
+    }
+    if site.equation is not None:
+        eb = get_item(bp, site.equation)
+        ea = get_item(ap, site.equation)
+        ctx["equation_before"], ctx["equation_after"] = format_assign(eb), format_assign(ea)
+        if site.expr is not None:
+            ctx["site_before"] = format_expr(expr_at(eb.value, site.expr))
+            ctx["site_after"] = format_expr(expr_at(ea.value, site.expr))
+    if site.nest is not None:
+        nb = get_item(bp, site.nest)
+        na = get_item(ap, site.nest)
+        ctx["nest_before"], ctx["nest_after"] = format_nest(nb), format_nest(na)
+        ctx["loops_before"], ctx["loops_after"] = format_loops(nb.loops), format_loops(na.loops)
+        if site.loop is not None:
+            ctx["loop_before"] = format_loops((nb.loops[site.loop],))
+    if site.nests:
+        ctx["nests_before"] = [format_nest(get_item(bp, p)) for p in site.nests]
+        ctx["shared_loops"] = format_loops(get_item(bp, site.nests[0]).loops)
+    if site.tensor is not None:
+        tb = [t for t in iter_tensors(bp) if t.name == site.tensor]
+        ta = [t for t in iter_tensors(ap) if t.name == site.tensor]
+        ctx["tensor"] = site.tensor
+        ctx["tensor_before"] = format_expr(tb[0]) if tb else ""
+        ctx["tensor_after"] = format_expr(ta[0]) if ta else ""
+        ctx["occurrences"] = len(ta)
+        ctx["scope_before"] = tb[0].scope if tb else ""
+        ctx["scope_after"] = ta[0].scope if ta else ""
+    return ctx
+
+
+def format_nest_list(p: A.Program) -> str:
+    return "".join(format_nest(n) for n in p.nests)
+
+
+def render_cot(rule, before: LeirModule, after: LeirModule, site: Site, params: dict, env: dict,
+               changes: list[Change]) -> str:
+    """Render the rule's CoT template for one step; whitespace is normalised to single
+    spaces within lines and blank lines are dropped."""
+    text = _template(rule).render(**cot_context(rule, before, after, site, params, env, changes))
+    lines = [" ".join(l.split()) for l in text.splitlines()]
+    return "\n".join(l for l in lines if l)
+
+
+__all__ = ["cot_context", "render_cot", "check_template"]

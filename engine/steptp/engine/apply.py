@@ -1,0 +1,440 @@
+"""Apply one rule at exactly one site: candidates, seeded sampling, rewrite, checks, CoT.
+
+Flow (paper §3.2 "decompose-modify-reassemble"; egglog-notes, recommended architecture):
+
+1. :func:`~steptp.engine.match.find_sites` enumerates the sites (egglog: patterns and
+   preconditions).
+2. Parameters are enumerated in Python from their domains (``params:``), in YAML order;
+   a domain may use the site's bindings, earlier parameters and ``let:`` values.
+3. The chosen site and parameters are drawn with ``random.Random`` seeded from
+   ``(rule id, seed)`` - the same seed gives the same step, bit for bit.
+4. Fresh names are drawn (never colliding with any program or signature name), the
+   ``rewrite:`` primitives run in order, and the result is checked: it must differ from
+   the input, re-parse to itself, and pass :func:`steptp.leir.analysis.analyze` with the
+   unchanged signature.
+5. The CoT is rendered from the actual change (:mod:`steptp.cot`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..leir import ast as A
+from ..leir.analysis import LeirSemanticError, analyze
+from ..leir.fileformat import LeirModule
+from ..leir.parser import LeirSyntaxError, parse_program
+from ..leir.printer import format_program
+from . import patterns as P
+from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
+from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
+                         eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
+                         parse_template, parse_value, program_names, run_primitive, value_vars)
+
+
+class NoMatch(LookupError):
+    """The rule matches nothing in the program (or not at the requested site)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verified-to-be-well-formed transformation step.
+
+    ``before``/``after`` are :class:`~steptp.leir.fileformat.LeirModule` (same
+    signature); ``site`` the :class:`~steptp.engine.match.Site`; ``params`` the
+    parameter values (JSON-friendly: ints, strings, tuples); ``cot`` the rendered chain
+    of thought; ``changes`` the primitive log; ``bindings`` every binding used.
+    """
+
+    rule: Any
+    before: LeirModule
+    after: LeirModule
+    site: Site
+    params: dict
+    cot: str
+    changes: tuple[Change, ...] = ()
+    bindings: dict = field(default_factory=dict)
+    seed: int = 0
+
+    @property
+    def site_description(self) -> str:
+        return str(self.site)
+
+    @property
+    def rule_id(self) -> str:
+        return self.rule.id
+
+
+def _rng(rule_id: str, seed: int) -> random.Random:
+    h = hashlib.sha256(f"stp:{rule_id}:{seed}".encode()).digest()
+    return random.Random(int.from_bytes(h[:8], "big"))
+
+
+def _as_rule(rule):
+    if isinstance(rule, (str, bytes)) or hasattr(rule, "__fspath__"):
+        from ..rules.loader import load_rule
+
+        return load_rule(rule)
+    return rule
+
+
+# ---------------------------------------------------------------------------
+# Environments: let values and parameter domains
+# ---------------------------------------------------------------------------
+
+
+def _let_vars(spec) -> set[str]:
+    if isinstance(spec, dict):
+        out: set[str] = set()
+        for v in [spec.get("lookup"), spec.get("default"), *spec.get("table", {}).values()]:
+            if is_expression(v):
+                out |= value_vars(parse_value(v))
+        return out
+    return value_vars(parse_value(spec)) if is_expression(spec) else set()
+
+
+def _settle_let(rule, env: dict, module: LeirModule) -> None:
+    """Evaluate every ``let`` entry whose inputs are available (repeat until stable)."""
+    changed = True
+    while changed:
+        changed = False
+        for name, spec in rule.let.items():
+            if name in env:
+                continue
+            if _let_vars(spec) <= set(env):
+                env[name] = eval_let(spec, EvalContext(module, env))
+                changed = True
+
+
+def _domain(rule, name: str, env: dict, module: LeirModule) -> list:
+    _settle_let(rule, env, module)
+    try:
+        return domain_values(rule.params[name], EvalContext(module, env), name)
+    except ValueExprError as e:
+        raise RewriteError(f"rule {rule.id}: parameter {name}: {e}") from None
+
+
+def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fixed: dict,
+                      limit: int | None = None) -> list[dict]:
+    """All parameter assignments (product over the domains, in YAML order)."""
+    out: list[dict] = []
+
+    def rec(i: int, cur: dict):
+        if limit is not None and len(out) >= limit:
+            return
+        if i == len(names):
+            out.append(dict(cur))
+            return
+        n = names[i]
+        e = {**env, **cur}
+        dom = _domain(rule, n, e, module)
+        vals = [fixed[n]] if n in fixed else dom
+        if n in fixed and fixed[n] not in dom:
+            return
+        for v in vals:
+            cur[n] = v
+            rec(i + 1, cur)
+            del cur[n]
+
+    rec(0, {})
+    return out
+
+
+def _normalize_param(v):
+    if isinstance(v, list):
+        return tuple(_normalize_param(x) for x in v)
+    return v
+
+
+def list_candidates(rule, module: LeirModule) -> list[tuple[Site, dict]]:
+    """Every (site, params) pair the rule can be applied with, deterministic order.
+
+    Sites come from :func:`~steptp.engine.match.find_sites`; parameters are the full
+    product of their domains (e.g. loop_split: every proper divisor of the extent;
+    loop_reorder: every non-identity permutation). Raises :class:`NoMatch` when there is
+    none.
+    """
+    rule = _as_rule(rule)
+    out = []
+    for s in find_sites(rule, module):
+        for p in _enumerate_params(rule, dict(s.env), module, list(rule.params), {}):
+            out.append((s, p))
+    if not out:
+        raise NoMatch(_no_match_message(rule, module))
+    return out
+
+
+def _no_match_message(rule, module: LeirModule, detail: str = "") -> str:
+    pre = ", ".join(rule.preconditions) or "none"
+    what = {"expr": f"no subexpression matches {rule.match!r}",
+            "equation": f"no equation matches {rule.match!r}",
+            "loop": f"no loop matches {rule.match!r}",
+            "nest": "no nest", "nests": "no pair of consecutive nests", "tensor": "no tensor"}[rule.scope]
+    if rule.scope in ("nest", "nests", "tensor") or rule.where:
+        what += " satisfies the preconditions" if rule.scope in ("nest", "nests", "tensor") else \
+            " with the preconditions satisfied"
+    return (f"rule '{rule.id}' matches nothing in program '{module.signature.name}': {what} "
+            f"(preconditions: {pre}){'; ' + detail if detail else ''}")
+
+
+def _resolve_site(rule, module: LeirModule, sites: list[Site], site) -> Site:
+    if isinstance(site, Site):
+        if site in sites:
+            return site
+        for s in sites:
+            if s.location == site.location:
+                return s
+        raise NoMatch(f"rule '{rule.id}': {site} is not a match site in program '{module.signature.name}' "
+                      f"({len(sites)} site(s): {', '.join(map(str, sites[:5]))}{'...' if len(sites) > 5 else ''})")
+    if isinstance(site, int) and not isinstance(site, bool):
+        if not 0 <= site < len(sites):
+            raise NoMatch(f"rule '{rule.id}': site index {site} out of range ({len(sites)} site(s))")
+        return sites[site]
+    if isinstance(site, dict):
+        hits = [s for s in sites if s.matches_spec(site)]
+        if not hits:
+            raise NoMatch(f"rule '{rule.id}': no site matches {site}; sites: {', '.join(map(str, sites))}")
+        return hits[0]
+    raise TypeError(f"site must be a Site, an index or a dict, not {type(site).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# apply
+# ---------------------------------------------------------------------------
+
+
+def apply_rule(rule, module: LeirModule, seed: int = 0, site=None, params: dict | None = None) -> Step:
+    """Apply ``rule`` to ``module`` at exactly one site.
+
+    Args:
+        rule: a :class:`~steptp.rules.loader.Rule` (or a path to a rule file).
+        module: the program with its signature; the signature is unchanged by the step.
+        seed: chooses the site (when ``site`` is None) and the unspecified parameters;
+            the same seed gives the same output bit for bit.
+        site: a :class:`Site` from :func:`find_sites`/:func:`list_candidates`, an index
+            into :func:`find_sites`, or a partial description dict (``{"loop": 1}``).
+        params: some or all parameter values; each must lie in its domain.
+
+    Returns: a :class:`Step`.
+
+    Raises:
+        NoMatch: the rule matches nothing, the site is not a match site, or no site has
+            an admissible parameter.
+        ValueError: a given parameter is unknown or outside its domain.
+        RewriteError: the rewrite is ill-formed or yields an invalid / unchanged program.
+    """
+    rule = _as_rule(rule)
+    sites = find_sites(rule, module)
+    if not sites:
+        raise NoMatch(_no_match_message(rule, module))
+    rng = _rng(rule.id, seed)
+    names = list(rule.params)
+    fixed = {k: _normalize_param(v) for k, v in (params or {}).items()}
+    unknown = [k for k in fixed if k not in rule.params]
+    if unknown:
+        raise ValueError(f"rule '{rule.id}' has no parameter(s) {unknown}; parameters: {names or 'none'}")
+
+    if site is None:
+        viable = [s for s in sites if _enumerate_params(rule, dict(s.env), module, names, fixed, limit=1)]
+        if not viable:
+            detail = "no site admits the given parameters" if fixed else "no site has an admissible parameter value"
+            raise NoMatch(_no_match_message(rule, module, detail))
+        chosen = viable[rng.randrange(len(viable))]
+    else:
+        chosen = _resolve_site(rule, module, sites, site)
+
+    env: dict[str, Any] = dict(chosen.env)
+    chosen_params: dict[str, Any] = {}
+    for i, n in enumerate(names):
+        dom = _domain(rule, n, {**env, **chosen_params}, module)
+        if n in fixed:
+            if fixed[n] not in dom:
+                raise ValueError(f"rule '{rule.id}': parameter {n}={fixed[n]!r} is not in its domain {dom} at {chosen}")
+            chosen_params[n] = fixed[n]
+            continue
+        # keep only values that leave the later parameters a non-empty domain
+        ok = [v for v in dom if _enumerate_params(rule, {**env, **chosen_params, n: v}, module, names[i + 1:],
+                                                  fixed, limit=1)]
+        if not ok:
+            raise NoMatch(_no_match_message(rule, module, f"parameter {n} has no admissible value at {chosen}"))
+        chosen_params[n] = ok[rng.randrange(len(ok))]
+    env.update(chosen_params)
+    _settle_let(rule, env, module)
+    missing_let = [k for k in rule.let if k not in env]
+    if missing_let:
+        raise RewriteError(f"rule '{rule.id}': let value(s) {missing_let} could not be evaluated")
+
+    taken = program_names(module)
+    ectx = EvalContext(module, env)
+    for name, spec in rule.fresh.items():
+        kind, opts = (spec, {}) if isinstance(spec, str) else next(iter(spec.items()))
+        opts = opts or {}
+        if kind == "tensor":
+            env[name] = fresh_tensor_name(taken)
+        else:
+            env[name] = fresh_index_name(taken, kind=eval_value(opts["kind"], ectx) if "kind" in opts else None,
+                                         like=eval_value(opts["like"], ectx) if "like" in opts else None,
+                                         prefix=eval_value(opts["prefix"], ectx) if "prefix" in opts else None)
+
+    ctx = RewriteContext(module=module, program=module.program, site=chosen, env=env, taken=taken)
+    for prim, args in rule.rewrite:
+        run_primitive(ctx, prim, args)
+    new_prog = ctx.program
+    if new_prog == module.program:
+        raise RewriteError(f"rule '{rule.id}' at {chosen} with {chosen_params} leaves the program unchanged")
+    # the printed text of every new or changed top-level nest must parse back to it
+    old_nests = set(module.program.nests)
+    changed = tuple(n for n in new_prog.nests if n not in old_nests)
+    if changed:
+        text = format_program(A.Program(changed))
+        try:
+            if parse_program(text).nests != changed:
+                raise RewriteError(f"rule '{rule.id}' produced a program that does not re-parse to itself: {text}")
+        except LeirSyntaxError as e:
+            raise RewriteError(f"rule '{rule.id}' produced unparsable LEIR: {e}") from None
+    after = LeirModule(module.signature, new_prog)
+    try:
+        analyze(new_prog, module.signature)
+    except LeirSemanticError as e:
+        raise RewriteError(f"rule '{rule.id}' at {chosen} produced an invalid program: {e}") from None
+
+    from ..cot import render_cot
+
+    cot = render_cot(rule, module, after, chosen, chosen_params, env, ctx.changes)
+    return Step(rule=rule, before=module, after=after, site=chosen, params=chosen_params, cot=cot,
+                changes=tuple(ctx.changes), bindings=env, seed=seed)
+
+
+# ---------------------------------------------------------------------------
+# Static checks (used by the rule loader)
+# ---------------------------------------------------------------------------
+
+
+def _raise(source: str, field_: str, msg: str):
+    from ..rules.schema import RuleError
+
+    raise RuleError(source, field_, msg)
+
+
+def _template_vars(kind: str, text: str) -> set[str]:
+    return set(P.metavars(parse_template(kind, text)))
+
+
+def check_rule(rule, source: str | None = None) -> None:
+    """Check a rule without a program: patterns compile, every metavariable used by
+    ``params``/``let``/``fresh``/``rewrite`` is bound, primitives and their arguments
+    exist, the CoT template exists, and the tests' LEIR parses. Raises
+    :class:`~steptp.rules.schema.RuleError` naming the field."""
+    src = source or rule.display_source
+    try:
+        cr = compile_rule(rule)
+        check_in_egglog(cr)
+    except CompileError as e:
+        _raise(src, e.field, str(e))
+    bound = {n for n in cr.sorts if not n.startswith("_")}
+    for name, spec in rule.params.items():
+        keys = [k for k in spec if k in ("divisors_of", "choice", "range", "permutations_of")]
+        if len(keys) != 1:
+            _raise(src, f"params.{name}", f"exactly one domain (divisors_of, choice, range, permutations_of) is "
+                                          f"required, got {keys or 'none'}")
+        for k, v in spec.items():
+            vals = v if isinstance(v, list) else list(v.values()) if isinstance(v, dict) else [v]
+            for x in vals:
+                if is_expression(x):
+                    try:
+                        used = value_vars(parse_value(x))
+                    except P.PatternError as e:
+                        _raise(src, f"params.{name}.{k}", str(e))
+                    free = used - bound - set(rule.let) - ({name} if k == "require" else set())
+                    if free:
+                        _raise(src, f"params.{name}.{k}", f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+        bound.add(name)
+    for name, spec in rule.let.items():
+        try:
+            used = _let_vars(spec)
+        except P.PatternError as e:
+            _raise(src, f"let.{name}", str(e))
+        free = used - bound - set(rule.let)
+        if free:
+            _raise(src, f"let.{name}", f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+    bound |= set(rule.let)
+    for name, spec in rule.fresh.items():
+        if name in bound:
+            _raise(src, f"fresh.{name}", f"?{name} is already bound")
+        if isinstance(spec, dict):
+            kind, opts = next(iter(spec.items()))
+            for k, v in (opts or {}).items():
+                if is_expression(v):
+                    free = value_vars(parse_value(v)) - bound
+                    if free:
+                        _raise(src, f"fresh.{name}.{kind}.{k}", f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+    bound |= set(rule.fresh)
+    site_kind = {"expr": "expr", "equation": "equation", "loop": "loops"}.get(rule.scope)
+    for i, (prim, raw) in enumerate(rule.rewrite):
+        fld = f"rewrite[{i}].{prim}" if not (len(rule.rewrite) == 1 and isinstance(rule.raw.get("rewrite"), str)) \
+            else "rewrite"
+        spec = PRIMITIVES.get(prim)
+        if spec is None:
+            _raise(src, fld, f"unknown primitive {prim!r}; known: {', '.join(sorted(PRIMITIVES))}")
+        try:
+            args = normalize_args(spec, raw)
+        except RewriteError as e:
+            _raise(src, fld, str(e))
+        for a, v in args.items():
+            kind = spec.template_args.get(a)
+            afld = f"{fld}.{a}" if fld != "rewrite" else fld
+            try:
+                if kind == "site":
+                    if site_kind is None:
+                        _raise(src, afld, f"'{prim}' is not defined for the {rule.scope} scope")
+                    used = _template_vars(site_kind, v)
+                elif kind == "mapping":
+                    if not isinstance(v, dict):
+                        _raise(src, afld, "expected a mapping {index: expression}")
+                    used = set()
+                    for k2, v2 in v.items():
+                        used |= (value_vars(parse_value(k2)) if is_expression(k2) else set())
+                        used |= _template_vars("expr", str(v2))
+                elif kind in ("expr", "loops", "equation", "nest"):
+                    used = _template_vars(kind, v)
+                    if prim == "replace_all" and a == "pattern":
+                        continue
+                    if prim == "replace_all" and a == "with":
+                        used -= set(P.metavars(parse_template("expr", args["pattern"])))
+                else:
+                    vals = v if isinstance(v, list) else [v]
+                    used = set()
+                    for x in vals:
+                        if is_expression(x):
+                            used |= value_vars(parse_value(x))
+            except P.PatternError as e:
+                _raise(src, afld, str(e))
+            free = {u for u in used if not u.startswith("_")} - bound
+            if free:
+                _raise(src, afld, f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+    from ..cot import check_template
+
+    try:
+        check_template(rule)
+    except Exception as e:  # noqa: BLE001 - any template problem is a rule error
+        _raise(src, "cot", str(e))
+    from ..leir.fileformat import parse_leir
+
+    for t in rule.tests:
+        try:
+            parse_leir(t.before, f"{src} tests[{t.index}].before")
+        except LeirSyntaxError as e:
+            _raise(src, f"tests[{t.index}].before", str(e))
+        if t.after is not None:
+            try:
+                parse_program(t.after, f"{src} tests[{t.index}].after")
+            except LeirSyntaxError as e:
+                _raise(src, f"tests[{t.index}].after", str(e))
+        for k in (t.params or {}):
+            if k not in rule.params:
+                _raise(src, f"tests[{t.index}].params.{k}", f"the rule has no parameter {k!r}")
+
+
+__all__ = ["NoMatch", "Step", "list_candidates", "apply_rule", "check_rule"]

@@ -1,0 +1,218 @@
+"""Load rule YAML files into :class:`Rule` objects (validated: shape, then semantics).
+
+``load_rule(path)`` validates the file against :data:`~steptp.rules.schema.RULE_SCHEMA`,
+then compiles its patterns, ``where:`` clauses, parameter domains, fresh names, rewrite
+steps, CoT template and tests, so a broken rule fails at load time with
+``FILE: field.path: message`` rather than at application time.
+
+``load_rules()`` loads every ``*.yaml`` of the shipped rule directory (the repo-root
+``rules/`` directory, installed as the package ``steptp._rules``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .schema import LEVELS, RuleError, validate_rule_data
+
+
+def difficulty_score(K: int, P: int, S: int) -> float:
+    """Paper eq. (1): ``0.1K + 0.5(P-1) + S`` (computed exactly, returned as float)."""
+    return float(Fraction(K, 10) + Fraction(P - 1, 2) + S)
+
+
+def difficulty_level(score: float) -> str:
+    """``easy`` (< 1), ``medium`` (1 <= score < 2.5) or ``difficult`` (>= 2.5), paper §3.4."""
+    if score < 1:
+        return "easy"
+    if score < 2.5:
+        return "medium"
+    return "difficult"
+
+
+@dataclass(frozen=True)
+class RuleTest:
+    """One self-test of a rule: ``before`` (.leir text with signature), optional ``params``,
+    ``site`` (index into the enumerated sites, or a partial site description) and
+    ``seed``; ``after`` is the exact expected program (signature unchanged), or
+    ``no_match`` says the rule must not apply."""
+
+    index: int
+    name: str
+    before: str
+    after: str | None = None
+    no_match: bool = False
+    params: dict | None = None
+    site: Any = None
+    seed: int = 0
+    cot_contains: tuple[str, ...] = ()
+    verify: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    """A strategy loaded from one YAML file (see ``rules/README.md``).
+
+    ``difficulty`` is the dict ``{"K", "P", "S"}``; :attr:`score` and :attr:`level` are
+    derived from it. ``rewrite`` is a tuple of ``(primitive, args)`` steps. ``key`` is a
+    content hash used to cache compiled forms.
+    """
+
+    id: str
+    name: str
+    category: str
+    description: str
+    preconditions: tuple[str, ...]
+    difficulty: dict
+    scope: str
+    match: Any
+    where: tuple
+    params: dict
+    let: dict
+    fresh: dict
+    rewrite: tuple
+    cot: str
+    tests: tuple[RuleTest, ...]
+    inverse: str | None = None
+    source: str | None = None
+    path: str | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+    key: str = ""
+
+    @property
+    def score(self) -> float:
+        d = self.difficulty
+        return difficulty_score(d["K"], d["P"], d["S"])
+
+    @property
+    def level(self) -> str:
+        return difficulty_level(self.score)
+
+    @property
+    def display_source(self) -> str:
+        return display_path(self.path) if self.path else f"<rule {self.id}>"
+
+    def __repr__(self) -> str:
+        return f"Rule({self.id!r}, {self.category}, {self.level})"
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """How error messages name a rule file: ``rules/<file>`` for the shipped rules,
+    otherwise the path as given."""
+    p = Path(path)
+    try:
+        if p.resolve().parent == Path(str(resources.files("steptp._rules"))).resolve():
+            return f"rules/{p.name}"
+    except (OSError, ModuleNotFoundError):  # pragma: no cover
+        pass
+    return str(path)
+
+
+def _build(data: dict, source: str, path: str | None) -> Rule:
+    m = data["match"]
+    scopes = list(m)
+    if len(scopes) != 1:
+        raise RuleError(source, "match", f"exactly one scope key is required (expr, loop, nest, nests, tensor, "
+                                         f"equation), got {scopes or 'none'}")
+    scope = scopes[0]
+    match = tuple(m[scope]) if scope == "nests" else m[scope]
+    rw = data["rewrite"]
+    if isinstance(rw, str):
+        rewrite = (("replace", rw),)
+    else:
+        rewrite = tuple((next(iter(step)), step[next(iter(step))]) for step in rw)
+    tests = []
+    for i, t in enumerate(data["tests"]):
+        tests.append(RuleTest(index=i, name=t.get("name", f"test {i}"), before=t["before"], after=t.get("after"),
+                              no_match=bool(t.get("no_match", False)), params=t.get("params"), site=t.get("site"),
+                              seed=int(t.get("seed", 0)), cot_contains=tuple(t.get("cot_contains", ())),
+                              verify=bool(t.get("verify", True))))
+    key = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    d = data["difficulty"]
+    return Rule(id=data["id"], name=data["name"], category=data["category"], description=data["description"].strip(),
+                preconditions=tuple(data["preconditions"]), difficulty={"K": d["K"], "P": d["P"], "S": d["S"]},
+                scope=scope, match=match, where=tuple(data.get("where", ())), params=dict(data.get("params", {})),
+                let=dict(data.get("let", {})), fresh=dict(data.get("fresh", {})), rewrite=rewrite, cot=data["cot"],
+                tests=tuple(tests), inverse=data.get("inverse"), source=data.get("source"), path=path, raw=data,
+                key=key)
+
+
+def _semantic_checks(rule: Rule, data: dict, source: str, stem: str | None) -> None:
+    if stem is not None and rule.id != stem:
+        raise RuleError(source, "id", f"the id {rule.id!r} must equal the file name {stem!r}")
+    d = data["difficulty"]
+    if d["K"] != len(rule.preconditions):
+        raise RuleError(source, "difficulty.K", f"K counts the preconditions: expected {len(rule.preconditions)} "
+                                                f"({', '.join(rule.preconditions) or 'none'}), got {d['K']}")
+    if "level" in d and d["level"] != rule.level:
+        raise RuleError(source, "difficulty.level", f"stated level {d['level']!r} but the score "
+                                                    f"{rule.score:g} gives {rule.level!r}")
+    if rule.inverse == rule.id:
+        raise RuleError(source, "inverse", "a rule cannot be its own inverse")
+    from ..engine.apply import check_rule  # late import: engine depends on this module
+
+    check_rule(rule, source)
+
+
+def load_rule_text(text: str, source: str = "<string>", path: str | None = None) -> Rule:
+    """Parse and validate rule YAML text (``source`` names it in errors)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise RuleError(source, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    validate_rule_data(data, source)
+    rule = _build(data, source, path)
+    _semantic_checks(rule, data, source, Path(path).stem if path else None)
+    return rule
+
+
+_CACHE: dict[tuple, Rule] = {}
+
+
+def load_rule(path: str | os.PathLike) -> Rule:
+    """Load and validate one rule file. Raises :class:`RuleError` (``FILE: field: msg``)
+    or :class:`FileNotFoundError`. Results are cached per (path, mtime, size)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    rule = load_rule_text(p.read_text(), display_path(p), str(p))
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    _CACHE[key] = rule
+    return rule
+
+
+def default_rules_dir() -> Path:
+    """The shipped rule directory (package ``steptp._rules`` = repo-root ``rules/``)."""
+    return Path(str(resources.files("steptp._rules")))
+
+
+def load_rules(directory: str | os.PathLike | None = None) -> list[Rule]:
+    """Load every ``*.yaml`` rule of ``directory`` (default: the shipped rules), sorted by
+    file name. Raises :class:`RuleError` for an invalid file or duplicate ids."""
+    d = Path(directory) if directory is not None else default_rules_dir()
+    rules = [load_rule(p) for p in sorted(d.glob("*.yaml"))]
+    seen: dict[str, Rule] = {}
+    for r in rules:
+        if r.id in seen:
+            raise RuleError(r.display_source, "id", f"duplicate rule id {r.id!r} (also in {seen[r.id].display_source})")
+        seen[r.id] = r
+    return rules
+
+
+__all__ = ["LEVELS", "difficulty_score", "difficulty_level", "RuleTest", "Rule", "display_path", "load_rule_text",
+           "load_rule", "load_rules", "default_rules_dir"]

@@ -1,0 +1,186 @@
+"""Rule files: the shipped rules, their own tests (exact LEIR + numeric verification), and
+schema / semantic errors that name the file and the field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from steptp.leir import parse_leir
+from steptp.rules import RuleError, load_rule, load_rule_text, load_rules
+from steptp.rules.loader import default_rules_dir, difficulty_level, difficulty_score, display_path
+from steptp.rules.schema import PRECONDITIONS
+from steptp.rules.selftest import run_rule_test, run_selftests
+
+RULES = load_rules()
+BY_ID = {r.id: r for r in RULES}
+CASES = [pytest.param(r, t, id=f"{r.id}-{t.index}") for r in RULES for t in r.tests]
+POSITIVE = [pytest.param(r, t, id=f"{r.id}-{t.index}") for r in RULES for t in r.tests if not t.no_match]
+
+#: The paper's App. A.3 category and level of each shipped strategy.
+PAPER = {
+    "logsimp": ("math", "easy"),
+    "expand_log": ("math", "easy"),
+    "loop_split": ("operator", "difficult"),
+    "loop_reorder": ("operator", "medium"),
+    "operator_fusion": ("graph", "medium"),
+    "set_storage_scope": ("memory", "difficult"),
+}
+
+
+def test_shipped_rules_match_the_paper_levels():
+    assert set(PAPER) <= set(BY_ID)
+    for rid, (cat, level) in PAPER.items():
+        r = BY_ID[rid]
+        assert (r.category, r.level) == (cat, level), rid
+        assert r.difficulty["K"] == len(r.preconditions)
+        assert set(r.preconditions) <= set(PRECONDITIONS)
+        assert r.tests and any(t.no_match for t in r.tests) and any(not t.no_match for t in r.tests)
+
+
+def test_inverse_pairs_and_names_mean_what_they_say():
+    assert BY_ID["logsimp"].inverse == "expand_log" and BY_ID["expand_log"].inverse == "logsimp"
+    assert BY_ID["logsimp"].match == "log(?a)+log(?b)"          # simplification combines
+    assert BY_ID["expand_log"].match == "log(?a*?b)"            # expansion splits
+
+
+def test_difficulty_formula():
+    assert difficulty_score(1, 1, 0) == pytest.approx(0.1)
+    assert difficulty_score(1, 3, 2) == pytest.approx(3.1)
+    assert difficulty_level(0.999) == "easy" and difficulty_level(1.0) == "medium"
+    assert difficulty_level(2.4999) == "medium" and difficulty_level(2.5) == "difficult"
+
+
+@pytest.mark.parametrize("rule,test", CASES)
+def test_rule_own_tests_exact_leir(rule, test):
+    out = run_rule_test(rule, test, verify=False)
+    assert out.ok, out.message
+
+
+@pytest.mark.parametrize("rule,test", POSITIVE)
+def test_rule_own_tests_verify_numerically(rule, test):
+    from steptp.engine import apply_rule
+    from steptp.verify import verify_pair
+
+    before = parse_leir(test.before)
+    step = apply_rule(rule, before, seed=test.seed, site=test.site, params=test.params)
+    assert step.after.signature == before.signature
+    res = verify_pair(before, step.after, trials=3, seed=0)
+    assert res.diff and res.build and res.exec and res.equal, res.reason
+
+
+def test_selftest_runner_reports_all(capsys):
+    lines = []
+    assert run_selftests([str(default_rules_dir() / "logsimp.yaml")], verify=False, echo=lines.append)
+    assert lines[-1].endswith("all passed") and len(lines) == len(BY_ID["logsimp"].tests) + 1
+
+
+def test_load_rules_default_directory_is_the_package_data():
+    d = default_rules_dir()
+    assert (d / "loop_split.yaml").exists()
+    assert display_path(d / "loop_split.yaml") == "rules/loop_split.yaml"
+    assert sorted(r.id for r in RULES) == sorted(p.stem for p in d.glob("*.yaml"))
+
+
+# ---------------------------------------------------------------- errors name file and field
+
+def _base() -> dict:
+    return yaml.safe_load((default_rules_dir() / "loop_split.yaml").read_text())
+
+
+def _write(tmp_path: Path, data: dict, name: str = "loop_split.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def _error(tmp_path, mutate, name="loop_split.yaml") -> RuleError:
+    data = _base()
+    mutate(data)
+    p = _write(tmp_path, data, name)
+    with pytest.raises(RuleError) as ei:
+        load_rule(p)
+    return ei.value
+
+
+@pytest.mark.parametrize("mutate,field,fragment", [
+    (lambda d: d["params"]["f"].__setitem__("divisors_of", 3.5), "params.f.divisors_of", "is not of type"),
+    (lambda d: d.__setitem__("category", "bogus"), "category", "is not one of"),
+    (lambda d: d.pop("difficulty"), "(top level)", "'difficulty' is a required property"),
+    (lambda d: d["difficulty"].__setitem__("K", 4), "difficulty.K", "K counts the preconditions"),
+    (lambda d: d["difficulty"].__setitem__("level", "easy"), "difficulty.level", "gives 'difficult'"),
+    (lambda d: d["preconditions"].append("vibes"), "preconditions[1]", "is not one of"),
+    (lambda d: d.__setitem__("where", ["frobnicated(?n)"]), "where[0]", "unknown relation 'frobnicated'"),
+    (lambda d: d.__setitem__("where", ["not factorizable(?zz)"]), "where", "negated clause"),
+    (lambda d: d.__setitem__("where", ["same_loops(?n, ?n)"]), "where[0]", "?n is a Int but this argument needs a Nest"),
+    (lambda d: d.__setitem__("where", ["factorizable(?n)", "scope_of(?i, 3)"]), "where", "egglog rejects"),
+    (lambda d: d["match"].__setitem__("loop", "?k^{?n}_{?i=1}"), "match.loop", "lower bound must be 0"),
+    (lambda d: d["rewrite"][1]["substitute_index"].__setitem__("?i", "?io*?f+?zz"),
+     "rewrite[1].substitute_index.mapping", "unbound metavariable(s) ['?zz']"),
+    (lambda d: d["rewrite"].append({"frobnicate": "?x"}), "rewrite[2].frobnicate", "unknown primitive"),
+    (lambda d: d.__setitem__("cot", "no_such_template.j2"), "cot", "no_such_template.j2"),
+    (lambda d: d["tests"][0].__setitem__("before", "% program: x\nB^{4}_{tx=0}[C^{f32,g}_{tx}=;];"),
+     "tests[0].before", "unexpected"),
+    (lambda d: d["tests"][0].__setitem__("params", {"g": 2}), "tests[0].params.g", "no parameter 'g'"),
+    (lambda d: d["tests"][0].pop("after"), "tests[0]", "after"),
+    (lambda d: d["params"].__setitem__("g", {"choice": [1], "divisors_of": 4}), "params.g", "exactly one domain"),
+    (lambda d: d.__setitem__("extra_key", 1), "(top level)", "unknown key(s)"),
+    (lambda d: d["fresh"].__setitem__("f", "index"), "fresh.f", "already bound"),
+])
+def test_errors_name_file_and_field(tmp_path, mutate, field, fragment):
+    e = _error(tmp_path, mutate)
+    src = str(tmp_path / "loop_split.yaml")
+    msg = str(e)
+    assert msg.startswith(f"{src}: {field}: "), msg
+    assert fragment in msg, msg
+    assert e.source == src
+
+
+def test_id_must_match_file_name(tmp_path):
+    e = _error(tmp_path, lambda d: None, name="other_name.yaml")
+    assert str(e).startswith(f"{tmp_path / 'other_name.yaml'}: id: ")
+
+
+def test_invalid_yaml_names_the_position(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("id: broken\nname: [unclosed\n")
+    with pytest.raises(RuleError) as ei:
+        load_rule(p)
+    assert str(ei.value).startswith(f"{p}: line ")
+
+
+def test_all_schema_problems_are_listed(tmp_path):
+    def mutate(d):
+        d["category"] = "bogus"
+        d["params"]["f"]["divisors_of"] = 3.5
+    e = _error(tmp_path, mutate)
+    fields = [f for f, _ in e.problems]
+    assert fields == sorted(fields) and "category" in fields and "params.f.divisors_of" in fields
+
+
+def test_inline_rule_text_with_inline_cot():
+    text = textwrap.dedent('''
+        id: double_neg
+        name: double negation
+        category: math
+        description: A double negation cancels.
+        preconditions: [pattern_match]
+        difficulty: {K: 1, P: 1, S: 0}
+        match: {expr: "-(-?a)"}
+        rewrite: "?a"
+        cot: "{{ description }} '{{ site_before }}' becomes '{{ site_after }}'."
+        tests:
+          - before: |
+              % program: neg
+              % input A: f32[4]
+              % output C: f32[4]
+              B^{4}_{tx=0}[C^{f32,g}_{tx}=-(-A^{f32,g}_{tx})+1.0;];
+            after: "B^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx}+1.0;];"
+            cot_contains: ["'--A^{f32,g}_{tx}' becomes 'A^{f32,g}_{tx}'"]
+    ''')
+    rule = load_rule_text(text, "<inline>")
+    assert rule.level == "easy"
+    assert run_rule_test(rule, rule.tests[0]).ok
