@@ -185,6 +185,9 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
             per_rule: int = typer.Option(1, "--per-rule", min=1, help="Verified steps kept per program and rule."),
             trials: int = typer.Option(3, "--trials", min=1, help="Seeded verification trials per check."),
             no_cuda: bool = typer.Option(False, "--no-cuda", help="Skip the CUDA source / GPU TIR in entries."),
+            in_process: bool = typer.Option(False, "--in-process",
+                                            help="Run checks in the generating process (faster, no time limit)."),
+            timeout: float = typer.Option(60.0, "--timeout", help="Time limit per check in seconds (isolated mode)."),
             parquet: bool = typer.Option(False, "--parquet", help="Also write dictionary.parquet (needs pyarrow)."),
             quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
     """Generate the dictionary dataset and the single/multi-answer chat sets (ms-swift messages)."""
@@ -196,7 +199,8 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
     for p in rule_paths:
         if not Path(p).exists():
             _fail(f"{p}: no such rule file")
-    opts = Options(seed=seed, trials=trials, per_rule=per_rule, with_cuda=not no_cuda, rule_paths=rule_paths)
+    opts = Options(seed=seed, trials=trials, per_rule=per_rule, with_cuda=not no_cuda, rule_paths=rule_paths,
+                   isolated=not in_process, timeout_s=timeout)
     try:
         report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet)
     except (DatasetError, FileNotFoundError, ValueError) as e:

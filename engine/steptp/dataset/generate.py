@@ -34,6 +34,8 @@ class Options:
     per_rule: int = 1           # verified steps kept per (program, rule)
     max_tries: int = 4          # candidates tried per (program, rule) before giving up
     with_cuda: bool = True      # store TIR for the GPU path and CUDA source
+    isolated: bool = True       # build+run every check in a worker process with a time limit
+    timeout_s: float = 60.0     # per check (isolated mode)
     rule_paths: list[str] = field(default_factory=list)
 
 
@@ -76,6 +78,22 @@ def _lowered(module: LeirModule, with_cuda: bool) -> dict:
     return out
 
 
+_RUNNER = None
+
+
+def _runner(opts: Options):
+    """One isolated verification worker per generating process (started lazily, reused:
+    a worker costs ~2 s to start; a crash or time-out restarts it and fails one check)."""
+    global _RUNNER
+    if not opts.isolated:
+        return None
+    if _RUNNER is None:
+        from ..backend import IsolatedRunner
+
+        _RUNNER = IsolatedRunner(timeout_s=opts.timeout_s)
+    return _RUNNER
+
+
 def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
     """Parse or translate one source; returns the module and the original's verification.
 
@@ -85,7 +103,7 @@ def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
     from ..frontend import translate_file
 
     tr = translate_file(src.path)
-    res = tr.verify(trials=opts.trials, seed=opts.seed)
+    res = tr.verify(trials=opts.trials, seed=opts.seed, runner=_runner(opts), timeout_s=opts.timeout_s)
     ver = res.to_dict()
     ver["against"] = "pytorch"
     if not res.equal:
@@ -136,7 +154,8 @@ def process(src: Source, opts: Options) -> ProgramResult:
             if after_text in seen_after:
                 continue
             seen_after.add(after_text)
-            res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed)
+            res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed,
+                              runner=_runner(opts), timeout_s=opts.timeout_s)
             attempts.append({"rule": rule.id, "outcome": "equal" if res.equal else "failed",
                              "reason": res.reason})
             if not res.equal:
