@@ -215,6 +215,47 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         typer.echo(f"{len(report['programs_failed'])} program(s) skipped; see {outdir}/report.json", err=True)
 
 
+@app.command()
+def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for the generated .py programs."),
+           count: int = typer.Option(100, "--count", min=1, help="Number of programs."),
+           seed: int = typer.Option(0, "--seed"),
+           budget: Optional[int] = typer.Option(None, "--budget", min=1,
+                                                help="Work budget per program (estimated FLOPs + input elements)."),
+           gpu: bool = typer.Option(False, "--gpu", help="Use the large GPU work budget (2^34)."),
+           types: Optional[List[str]] = typer.Option(None, "--type", help="Restrict to these program types."),
+           do_verify: bool = typer.Option(False, "--verify", help="Translate and verify every program; report the rate."),
+           workers: int = typer.Option(1, "-j", "--workers", min=1),
+           report: Optional[Path] = typer.Option(None, "--report", help="Write the verification report (JSON)."),
+           quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
+    """Generate KernelBench-style PyTorch programs (paper §3.1) with seeded shapes and dtypes."""
+    from tqdm import tqdm
+
+    from .dataset.corpus import DEFAULT_BUDGET, GPU_BUDGET, CorpusError, format_report, generate_corpus, verify_corpus
+
+    b = budget if budget is not None else (GPU_BUDGET if gpu else DEFAULT_BUDGET)
+    try:
+        paths = generate_corpus(outdir, count, seed=seed, budget=b, types=types)
+    except CorpusError as e:
+        _fail(str(e))
+    typer.echo(f"wrote {len(paths)} programs to {outdir}", err=True)
+    if not do_verify:
+        return
+    bar = tqdm(total=len(paths), desc="verify", unit="prog", disable=quiet, dynamic_ncols=True)
+
+    def progress(done, total, rec):
+        bar.update(1)
+
+    rep = verify_corpus(paths, seed=seed, workers=workers, progress=progress)
+    bar.close()
+    typer.echo(format_report(rep))
+    if report:
+        from .dataset.writers import write_json_atomic
+
+        write_json_atomic(report, rep)
+    if rep["ok"] < rep["total"]:
+        raise typer.Exit(1)
+
+
 @rules_app.command("list")
 def rules_list():
     """List the shipped rules with category and difficulty."""
