@@ -65,7 +65,8 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
         previous = json.loads(run_file.read_text())
         if previous != run_opts:
             diff = sorted(k for k in set(previous) | set(run_opts) if previous.get(k) != run_opts.get(k))
-            raise DatasetError(f"{out} holds a run with different options ({', '.join(diff)}); "
+            detail = "; ".join(f"{k}: {previous.get(k)!r} there, {run_opts.get(k)!r} now" for k in diff)
+            raise DatasetError(f"{out} holds a run with different options ({detail}); "
                                "use another output directory or delete it")
     else:
         write_json_atomic(run_file, run_opts)

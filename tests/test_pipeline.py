@@ -1,0 +1,181 @@
+"""`stp dataset` end to end: verified rows, chat sets, resume, crash safety, reproducibility."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from steptp.cli import app
+from steptp.dataset.chat import parse_answer
+from steptp.leir import parse_leir, parse_program
+from steptp.leir.fileformat import LeirModule, Signature, TensorDecl
+from steptp.verify import verify_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+runner = CliRunner()
+
+
+def stp(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def rows(path):
+    return [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+
+
+def digest(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds") / "out"
+    res = stp("dataset", EXAMPLES / "matmul.py", EXAMPLES / "softmax.py", "-o", out, "--seed", "0",
+              "--in-process", "-q")
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _module(sig: dict, leir: str) -> LeirModule:
+    return LeirModule(Signature(sig["name"], tuple(TensorDecl(t["name"], t["role"], t["dtype"], tuple(t["shape"]))
+                                                   for t in sig["tensors"])), parse_program(leir))
+
+
+def test_every_row_is_a_verified_single_step(small_run):
+    entries = rows(small_run / "dictionary.jsonl")
+    assert {e["program"] for e in entries} == {"matmul", "softmax"}
+    assert {"loop_split", "loop_reorder"} <= {e["strategy"]["id"] for e in entries}
+    for e in entries:
+        assert e["verification"]["equal"] and e["verification"]["trials"] == 3
+        assert e["original_verification"]["against"] == "pytorch" and e["original_verification"]["equal"]
+        assert e["original"]["leir"] != e["transformed"]["leir"]
+        assert "T.prim_func" in e["transformed"]["tir"] and "__global__" in e["transformed"]["cuda"]
+        assert e["difficulty"]["level"] in ("easy", "medium", "difficult")
+        assert e["cot"] and e["id"]
+        # an independent re-check of the stored texts (another seed)
+        res = verify_pair(_module(e["signature"], e["original"]["leir"]),
+                          _module(e["signature"], e["transformed"]["leir"]), trials=3, seed=11)
+        assert res.equal, res.reason
+
+
+def test_chat_sets_are_ms_swift_and_answers_round_trip(small_run):
+    entries = {e["id"]: e for e in rows(small_run / "dictionary.jsonl")}
+    singles = rows(small_run / "chat_single.jsonl")
+    assert singles
+    for rec in singles:
+        user, assistant = rec["messages"]
+        assert (user["role"], assistant["role"]) == ("user", "assistant")
+        entry = entries[rec["meta"]["entry_id"]]
+        assert entry["original"]["leir"] in user["content"]
+        (answer,) = parse_answer(assistant["content"])
+        assert answer["transformed_IR"] == entry["transformed"]["leir"]
+        assert answer["applied_strategy"] == entry["strategy"]["name"]
+        assert assistant["content"].startswith("<think>" + entry["cot"])
+    for rec in rows(small_run / "chat_multi.jsonl"):
+        answers = parse_answer(rec["messages"][1]["content"])
+        assert len(answers) == len(rec["meta"]["entry_ids"]) >= 2
+        assert all(entries[i]["difficulty"]["level"] != "easy" for i in rec["meta"]["entry_ids"])
+
+
+def test_report_counts_match_files(small_run):
+    report = json.loads((small_run / "report.json").read_text())
+    entries = rows(small_run / "dictionary.jsonl")
+    assert report["programs"] == 2 and report["entries"] == len(entries)
+    assert sum(report["by_strategy"].values()) == len(entries)
+    assert report["chat_single"] == len(rows(small_run / "chat_single.jsonl"))
+
+
+def test_outputs_load_with_datasets_and_parquet(small_run, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from steptp.dataset.writers import to_parquet
+
+    d = datasets.load_dataset("json", data_files=str(small_run / "dictionary.jsonl"), split="train")
+    assert d.num_rows == len(rows(small_run / "dictionary.jsonl"))
+    assert set(d.column_names) >= {"id", "original", "transformed", "cot", "verification", "strategy"}
+    c = datasets.load_dataset("json", data_files=str(small_run / "chat_single.jsonl"), split="train")
+    assert c[0]["messages"][0]["role"] == "user"
+    pq = tmp_path / "dictionary.parquet"
+    n = to_parquet(small_run / "dictionary.jsonl", pq)
+    p = datasets.load_dataset("parquet", data_files=str(pq), split="train")
+    assert p.num_rows == n == d.num_rows
+    assert json.loads(p[0]["params"]) == d[0]["params"]
+
+
+def test_same_seed_gives_identical_files(small_run, tmp_path):
+    out = tmp_path / "again"
+    res = stp("dataset", EXAMPLES / "softmax.py", EXAMPLES / "matmul.py", "-o", out, "--seed", "0",
+              "--in-process", "-q")
+    assert res.exit_code == 0, res.output
+    for name in ("dictionary.jsonl", "chat_single.jsonl", "chat_multi.jsonl"):
+        a = sorted((small_run / name).read_text().splitlines())
+        b = sorted((out / name).read_text().splitlines())
+        assert a == b, name
+
+
+def test_resume_continues_without_duplicates_after_a_crash(small_run, tmp_path):
+    out = tmp_path / "resume"
+    shutil.copytree(small_run, out)
+    before = rows(out / "dictionary.jsonl")
+    # simulate a crash while the last program was being recorded: its state line is lost
+    # and a torn half-record is left at the end of the dictionary
+    state = (out / "state.jsonl").read_text().splitlines()
+    (out / "state.jsonl").write_text("\n".join(state[:-1]) + "\n")
+    with open(out / "dictionary.jsonl", "a") as f:
+        f.write('{"id": "torn", "program": "mat')
+    res = stp("dataset", EXAMPLES / "matmul.py", EXAMPLES / "softmax.py", "-o", out, "--seed", "0",
+              "--in-process", "-q")
+    assert res.exit_code == 0, res.output
+    after = rows(out / "dictionary.jsonl")
+    assert sorted(e["id"] for e in after) == sorted(e["id"] for e in before)
+    assert len(rows(out / "state.jsonl")) == 2
+
+
+def test_resume_adds_new_programs_only(small_run, tmp_path):
+    out = tmp_path / "grow"
+    shutil.copytree(small_run, out)
+    n_before = len(rows(out / "dictionary.jsonl"))
+    res = stp("dataset", EXAMPLES / "matmul.py", EXAMPLES / "softmax.py", EXAMPLES / "scale_bias.py", "-o", out,
+              "--seed", "0", "--in-process", "-q")
+    assert res.exit_code == 0, res.output
+    entries = rows(out / "dictionary.jsonl")
+    assert len(entries) > n_before and len({e["id"] for e in entries}) == len(entries)
+    assert [s["source"].endswith("scale_bias.py") for s in rows(out / "state.jsonl")][-1]
+
+
+def test_rerun_with_other_options_is_refused_and_changes_nothing(small_run, tmp_path):
+    out = tmp_path / "other"
+    shutil.copytree(small_run, out)
+    before = {p.name: digest(p) for p in out.iterdir()}
+    res = stp("dataset", EXAMPLES / "matmul.py", "-o", out, "--seed", "1", "--in-process", "-q")
+    assert res.exit_code == 2
+    assert "different options" in res.output and "seed: 0 there, 1 now" in res.output
+    assert {p.name: digest(p) for p in out.iterdir()} == before
+
+
+def test_bad_programs_are_reported_and_skipped(tmp_path):
+    bad = tmp_path / "bad.leir"
+    bad.write_text("% program: bad\n% input A: f32[4]\n% output C: f32[4]\nB^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx}+;];\n")
+    good = tmp_path / "good.leir"
+    good.write_text((EXAMPLES / "scale_bias.leir").read_text())
+    out = tmp_path / "out"
+    res = stp("dataset", bad, good, "-o", out, "--in-process", "-q", "--rule",
+              ROOT / "rules" / "loop_split.yaml")
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "report.json").read_text())
+    (failed,) = report["programs_failed"]
+    assert failed["source"] == str(bad) and f"{bad}:4:44" in failed["error"]
+    assert report["entries"] >= 1 and report["by_strategy"] == {"loop_split": report["entries"]}
+
+
+def test_isolated_workers_and_parallel_processes(tmp_path):
+    out = tmp_path / "iso"
+    res = stp("dataset", EXAMPLES / "scale_bias.leir", EXAMPLES / "gelu.leir", "-o", out, "-j", "2", "-q",
+              "--rule", ROOT / "rules" / "loop_reorder.yaml", "--no-cuda")
+    assert res.exit_code == 0, res.output
+    entries = rows(out / "dictionary.jsonl")
+    assert {e["program"] for e in entries} == {"scale_bias", "gelu"}
+    assert all(e["verification"]["equal"] for e in entries)
