@@ -32,12 +32,22 @@ def _shrunk_module(path: Path, max_dim: int):
     src = path.read_text()
     tree = ast.parse(src)
     overrides = {}
+    env: dict[str, int] = {}
+    allowed = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.operator, ast.unaryop)
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            v = node.value
-            if isinstance(v, ast.Constant) and isinstance(v.value, int) and not isinstance(v.value, bool):
-                if v.value > max_dim:
-                    overrides[node.targets[0].id] = max_dim
+            expr = ast.Expression(node.value)
+            if not all(isinstance(n, allowed) for n in ast.walk(expr)):
+                continue
+            try:  # integer arithmetic over earlier constants only (e.g. N = 2048 * 2)
+                v = eval(compile(expr, str(path), "eval"), {"__builtins__": {}}, dict(env))
+            except Exception:  # noqa: BLE001
+                continue
+            if isinstance(v, int) and not isinstance(v, bool):
+                name = node.targets[0].id
+                env[name] = v
+                if v > max_dim:
+                    overrides[name] = env[name] = max_dim
     spec = importlib.util.spec_from_file_location(f"kb_{abs(hash(str(path)))}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
