@@ -237,6 +237,41 @@ def test_dtype_conversion_is_a_copy_nest_and_f16_accumulates_in_f32():
     _assert_verifies(tr)
 
 
+def test_long_float32_reductions_accumulate_in_float64():
+    tr = _translate(lambda s, x: (x.sum(), F.layer_norm(x, (256,)), x.sum(1)), [(256, 256)])
+    text = format_program(tr.module.program)
+    assert "[F^{f64,g}_{tx}=F^{f64,g}_{tx}+A^{f32,g}_{a,c};]" in text  # 65536 terms: f64 accumulator
+    assert "[C^{f32,g}=F^{f64,g}_{0};]" in text  # ... cast once into the output
+    assert "[G^{f64,g}_{tx,0}=G^{f64,g}_{tx,0}+A^{f32,g}_{tx,a};]" in text  # norm statistics over 256
+    assert "E^{f32,g}_{tx}=E^{f32,g}_{tx}+A^{f32,g}_{tx,a};" in text  # a short plain sum stays f32
+    _assert_verifies(tr)
+
+
+def test_eval_mode_and_training_dropout(tmp_path):
+    p = tmp_path / "drop.py"
+    p.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bn = nn.BatchNorm1d(4)
+                self.drop = nn.Dropout(0.5)
+            def forward(self, x):
+                return torch.multiply(self.drop(self.bn(x)), 2.0)
+        def get_inputs():
+            return [torch.randn(3, 4)]
+        def get_init_inputs():
+            return []
+        """))
+    with pytest.raises(TranslationError) as ei:
+        translate_file(p)
+    assert ei.value.argument == "train" and "eval" in str(ei.value)
+    tr = translate_file(p, eval_mode=True)
+    assert [t.role for t in tr.module.signature.tensors].count("param") == 4  # weight, bias, running stats
+    _assert_verifies(tr)
+
+
 def test_export_failure_raises():
 
     class Branchy(nn.Module):

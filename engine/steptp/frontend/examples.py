@@ -40,6 +40,7 @@ def sync_examples(directory: str | Path = DEFAULT_DIR, check: bool = False) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line entry point; returns the exit status (1: stale files with ``--check``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("directory", nargs="?", default=str(DEFAULT_DIR))
     ap.add_argument("--check", action="store_true", help="only check; exit 1 if a .leir file is stale")

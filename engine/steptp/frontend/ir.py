@@ -150,14 +150,17 @@ def sub(a: A.Expr, b: A.Expr) -> A.Expr:
 
 
 def mul(a: A.Expr, b: A.Expr) -> A.Expr:
+    """``a * b``."""
     return A.BinOp("*", a, b)
 
 
 def div(a: A.Expr, b: A.Expr) -> A.Expr:
+    """``a / b`` (true division)."""
     return A.BinOp("/", a, b)
 
 
 def call(func: str, *args: A.Expr) -> A.Expr:
+    """``func(args...)`` for a LEIR intrinsic (``exp``, ``max``, ``if_then_else`` ...)."""
     return A.Call(func, tuple(args))
 
 
@@ -289,6 +292,7 @@ def bread(v: Value, idx: Sequence[A.Expr], out_shape: Sequence[int]) -> A.Expr:
 
 
 def strides(shape: Sequence[int]) -> list[int]:
+    """Row-major element strides of ``shape``."""
     out, s = [], 1
     for n in reversed(shape):
         out.append(s)
@@ -700,6 +704,7 @@ class Emitter:
         return tuple(A.Int(0) if d in dims else next(o) for d in range(rank))
 
     def program(self) -> A.Program:
+        """The emitted nests as a program."""
         return A.Program(tuple(self.nests))
 
 

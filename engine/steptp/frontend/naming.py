@@ -84,6 +84,7 @@ class TensorNames:
             self.reserve(t)
 
     def reserve(self, name: str) -> str:
+        """Mark ``name`` as taken; ``ValueError`` if it is invalid or already taken."""
         rest = name[1:]
         if not name or name[0] not in TENSOR_INITIALS or (rest and not (rest.isalpha() and rest.islower())):
             raise ValueError(f"{name!r} is not a valid generated tensor name")
@@ -93,6 +94,7 @@ class TensorNames:
         return name
 
     def fresh(self) -> str:
+        """The next unused name of :func:`tensor_name`'s sequence (marked as taken)."""
         while True:
             name = tensor_name(self._next)
             self._next += 1
@@ -102,6 +104,7 @@ class TensorNames:
 
     @property
     def taken(self) -> frozenset[str]:
+        """All names handed out or reserved so far."""
         return frozenset(self._taken)
 
 

@@ -60,6 +60,7 @@ class OpContext:
 
     @property
     def qualname(self) -> str:
+        """``aten.<op>.<overload>`` (as in error messages)."""
         return f"aten.{self.op}.{self.overload}" if self.overload else self.op
 
     # -- metadata -------------------------------------------------------------
@@ -70,10 +71,12 @@ class OpContext:
 
     @property
     def out_shape(self) -> tuple[int, ...]:
+        """Static shape of the (first) result."""
         return self.meta(0 if isinstance(self.node.meta.get("val"), (tuple, list)) else None)[0]
 
     @property
     def out_dtype(self) -> str:
+        """LEIR dtype of the (first) result."""
         return self.meta(0 if isinstance(self.node.meta.get("val"), (tuple, list)) else None)[1]
 
     # -- errors and arguments -------------------------------------------------
@@ -83,10 +86,12 @@ class OpContext:
         raise TranslationError(message, op=self.qualname, argument=argument, node=self.node)
 
     def unsupported(self, argument: str) -> TranslationError:
+        """Raise a :class:`TranslationError` for an unsupported value of ``argument``."""
         raise TranslationError(f"unsupported value {self.args.get(argument)!r}", op=self.qualname,
                                argument=argument, node=self.node)
 
     def tensor(self, name: str) -> Value:
+        """The tensor argument ``name``; raises if it is not a tensor."""
         v = self.args.get(name)
         if not isinstance(v, Value):
             self.fail(f"expected a tensor, got {type(v).__name__}", name)
@@ -106,12 +111,14 @@ class OpContext:
         return v
 
     def number(self, name: str) -> float | int:
+        """The number argument ``name``; raises if it is not a Python number."""
         v = self.args.get(name)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.fail(f"expected a number, got {v!r}", name)
         return v
 
     def lit(self, v, dtype: str | None = None) -> A.Expr:
+        """A LEIR literal for ``v`` in ``dtype`` (default: the result dtype)."""
         return literal(v, dtype or self.out_dtype)
 
     def dim(self, d: int, rank: int, argument: str = "dim") -> int:
@@ -130,6 +137,7 @@ class OpContext:
         return sorted({self.dim(d, rank, argument) for d in ds}) if rank else []
 
     def require_float(self, *values: Value) -> None:
+        """Raise unless every tensor among ``values`` has a floating-point dtype."""
         for v in values:
             if isinstance(v, Value) and v.dtype not in FLOAT_CODES:
                 self.fail(f"only floating-point tensors are supported here, got {v.dtype}")
@@ -145,13 +153,14 @@ class OpContext:
         return self._needs_fn(self.node, k)
 
     def temp(self, shape: Sequence[int], dtype: str | None = None) -> Buffer:
+        """A fresh intermediate of ``dtype`` (default: the result dtype)."""
         return self.em.temp(shape, dtype or self.out_dtype)
 
     def map(self, fn: Callable[..., A.Expr], *operands: Value, out: Buffer | None = None) -> Buffer:
         """Elementwise ``out = fn(operands...)`` (broadcasting) into the node's result."""
         return self.em.map(out or self.result(), fn, *operands)
 
-    def acc_dtype(self, dtype: str | None = None, n: int = 1) -> str:
+    def acc_dtype(self, dtype: str | None = None, n: int = 1, long_at: int | None = None) -> str:
         """Accumulation dtype of a sum of ``n`` terms of ``dtype``: float32 for 16-bit floats
         (PyTorch accumulates f16/bf16 sums, matmuls and norms in float32), float64 for float32
         sums of at least :data:`LONG_REDUCTION` terms (a sequential float32 sum of millions of
@@ -160,13 +169,14 @@ class OpContext:
         dtype = dtype or self.out_dtype
         if dtype in ("f16", "bf16"):
             return "f32"
-        if dtype == "f32" and n >= LONG_REDUCTION:
+        if dtype == "f32" and n >= (long_at or LONG_REDUCTION):
             return "f64"
         return dtype
 
-    def acc_temp(self, shape: Sequence[int], dtype: str | None = None, n: int = 1) -> Buffer:
+    def acc_temp(self, shape: Sequence[int], dtype: str | None = None, n: int = 1,
+                 long_at: int | None = None) -> Buffer:
         """A fresh intermediate in the accumulation dtype (:meth:`acc_dtype`)."""
-        return self.em.temp(shape, self.acc_dtype(dtype, n))
+        return self.em.temp(shape, self.acc_dtype(dtype, n, long_at))
 
     def accumulate(self, out: Buffer, build: Callable[[Buffer], Any], n: int = 1) -> Buffer:
         """``build(target)`` emits nests accumulating ``n`` terms into ``target``: ``out``
@@ -183,6 +193,10 @@ class OpContext:
 
 #: float32 sums of at least this many terms accumulate in float64 (:meth:`OpContext.acc_dtype`)
 LONG_REDUCTION = 1 << 16
+#: the same for normalisation statistics (mean/variance of layer/group/instance/batch norm,
+#: var/std): a normalised output amplifies the error of the mean by 1/std, and PyTorch's CPU
+#: kernels compute these statistics with double accumulators or cascade sums
+STATS_REDUCTION = 1 << 8
 
 #: op name (ATen schema name without namespace, or ``getitem``) -> lowering function
 OPS: dict[str, Callable[[OpContext], Any]] = {}
@@ -217,7 +231,7 @@ def lower_add(ctx):
     return ctx.map(lambda x, y: add(x, _alpha(ctx, y)), ctx.operand("self"), ctx.operand("other"))
 
 
-@lowering("sub")
+@lowering("sub", "subtract")
 def lower_sub(ctx):
     """``self - alpha*other``."""
     return ctx.map(lambda x, y: sub(x, _alpha(ctx, y)), ctx.operand("self"), ctx.operand("other"))
@@ -229,13 +243,13 @@ def lower_rsub(ctx):
     return ctx.map(lambda x, y: sub(y, _alpha(ctx, x)), ctx.operand("self"), ctx.operand("other"))
 
 
-@lowering("mul")
+@lowering("mul", "multiply")
 def lower_mul(ctx):
     """``self * other``."""
     return ctx.map(mul, ctx.operand("self"), ctx.operand("other"))
 
 
-@lowering("div")
+@lowering("div", "divide", "true_divide")
 def lower_div(ctx):
     """``self / other`` (true division only; ``rounding_mode`` is rejected)."""
     if ctx.args.get("rounding_mode") is not None:
@@ -244,8 +258,9 @@ def lower_div(ctx):
     return ctx.map(div, ctx.operand("self"), ctx.operand("other"))
 
 
-@lowering("neg")
+@lowering("neg", "negative")
 def lower_neg(ctx):
+    """``-self``."""
     return ctx.map(lambda x: A.Neg(x), ctx.operand("self"))
 
 
@@ -292,7 +307,7 @@ _unary(lambda c, v: call("log", v), "log")
 _unary(lambda c, v: call("sqrt", v), "sqrt")
 _unary(lambda c, v: div(c.lit(1), call("sqrt", v)), "rsqrt")
 _unary(lambda c, v: div(c.lit(1), v), "reciprocal")
-_unary(lambda c, v: call("abs", v), "abs", floats=False)
+_unary(lambda c, v: call("abs", v), "abs", "absolute", floats=False)
 _unary(lambda c, v: call("tanh", v), "tanh")
 _unary(lambda c, v: call("erf", v), "erf")
 _unary(lambda c, v: mul(v, v), "square", floats=False)
@@ -396,11 +411,13 @@ def lower_clamp(ctx):
 
 @lowering("clamp_min")
 def lower_clamp_min(ctx):
+    """``max(self, min)``."""
     return ctx.map(lambda v, b: call("max", v, b), ctx.operand("self"), ctx.operand("min"))
 
 
 @lowering("clamp_max")
 def lower_clamp_max(ctx):
+    """``min(self, max)``."""
     return ctx.map(lambda v, b: call("min", v, b), ctx.operand("self"), ctx.operand("max"))
 
 
@@ -413,11 +430,13 @@ def lower_hardtanh(ctx):
 
 @lowering("maximum", "fmax")
 def lower_maximum(ctx):
+    """Elementwise ``max(self, other)`` (broadcasting)."""
     return ctx.map(lambda a, b: call("max", a, b), ctx.operand("self"), ctx.operand("other"))
 
 
 @lowering("minimum", "fmin")
 def lower_minimum(ctx):
+    """Elementwise ``min(self, other)`` (broadcasting)."""
     return ctx.map(lambda a, b: call("min", a, b), ctx.operand("self"), ctx.operand("other"))
 
 
@@ -729,13 +748,13 @@ def _moments(ctx: OpContext, x: Value, dims: list[int]):
     """Sum ``S`` and centred sum of squares ``Q`` over ``dims`` (kept as size-1 dims)."""
     n = math.prod(x.shape[d] for d in dims)
     shp = _reduce_shape(x, dims, True)
-    s = ctx.em.reduce(ctx.acc_temp(shp, x.dtype, n), "sum", x, dims, True)
+    s = ctx.em.reduce(ctx.acc_temp(shp, x.dtype, n, STATS_REDUCTION), "sum", x, dims, True)
 
     def centred(v, sp):
         d = sub(v, div(s.read(Emitter.target_index(sp, x.rank, dims, True)), ctx.lit(n, x.dtype)))
         return mul(d, d)
 
-    q = ctx.em.reduce(ctx.acc_temp(shp, x.dtype, n), "sum", x, dims, True, fn=centred)
+    q = ctx.em.reduce(ctx.acc_temp(shp, x.dtype, n, STATS_REDUCTION), "sum", x, dims, True, fn=centred)
     return s, q, n
 
 
@@ -791,8 +810,8 @@ def lower_rms_norm(ctx):
     if eps is None:
         from .ir import LEIR_TO_TORCH
         eps = torch.finfo(LEIR_TO_TORCH[x.dtype]).eps
-    s = ctx.em.reduce(ctx.acc_temp(_reduce_shape(x, dims, True), x.dtype, n), "sum", x, dims, True,
-                      fn=lambda v, sp: mul(v, v))
+    s = ctx.em.reduce(ctx.acc_temp(_reduce_shape(x, dims, True), x.dtype, n, STATS_REDUCTION), "sum", x, dims,
+                      True, fn=lambda v, sp: mul(v, v))
     w = ctx.args.get("weight")
     out = ctx.result()
     sp = ctx.em.space(out.shape)
@@ -897,12 +916,17 @@ def lower_identity(ctx):
     return ctx.tensor("self")
 
 
-@lowering("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+@lowering("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "native_dropout")
 def lower_dropout(ctx):
-    """Dropout: the identity when ``train`` is false or ``p == 0`` (random otherwise)."""
+    """Dropout: the identity when ``train`` is false or ``p == 0``; in training mode with
+    ``p > 0`` it is random and raises (translate the model in eval mode). ``native_dropout``
+    (functionalised graphs) also returns its all-true mask."""
     if ctx.args.get("train") and ctx.args.get("p", 0) != 0:
         ctx.fail("dropout in training mode with p > 0 is random; put the model in eval() mode", "train")
-    return ctx.tensor("input")
+    x = ctx.tensor("input")
+    if ctx.op == "native_dropout":
+        return (x, Fill(True, "bool", x.shape))
+    return x
 
 
 @lowering("to", "_to_copy", "type_as")
@@ -931,7 +955,8 @@ def lower_getitem(ctx):
 # Comparisons, masks, selection
 # ---------------------------------------------------------------------------
 
-_CMP = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
+_CMP = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!=", "greater": ">", "less": "<",
+        "greater_equal": ">=", "less_equal": "<=", "not_equal": "!="}
 
 
 def _cmp_lowering(name: str):

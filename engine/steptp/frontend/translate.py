@@ -21,7 +21,14 @@ Binding policy (hardware limits: threadIdx.x <= 1024, blockIdx.x <= 2^31-1)
 
 Semantics relied on (design.md §2): implicit init of reductions (``D=D+...`` starts at 0,
 ``max`` at -inf ...), accumulation onto a buffer written by an earlier nest (``linear``'s bias
-nest), and ``if_then_else`` evaluating only the selected branch.
+nest), recurrences on ``a-1`` under an ``if_then_else`` guard (cumsum), ``if_then_else``
+evaluating only the selected branch, and the backend's typing of mixed-dtype equations
+(promotion like PyTorch, cast to the target's dtype on assignment).
+
+Numerics (``ops.OpContext.acc_dtype``): sums over f16/bf16 accumulate in an f32
+intermediate; f32 sums of >= 65536 terms, and f32 normalisation statistics over >= 256
+terms, accumulate in f64 (a sequential f32 sum drifts where PyTorch's CPU kernels use
+cascade sums or double accumulators); the result is cast once by a copy nest.
 
 Errors: any op without a lowering, any unsupported argument value or dynamic shape raises :class:`TranslationError` naming the op, the argument and the fx node; the
 translator never returns a partial result.
@@ -69,6 +76,7 @@ class Translation:
 
     @property
     def signature(self) -> Signature:
+        """The module's signature."""
         return self.module.signature
 
     @property
@@ -310,7 +318,10 @@ def translate_model(model: torch.nn.Module, inputs: Sequence[Any], name: str = "
     its train/eval mode are used as they are. Returns a :class:`Translation`.
 
     Raises :class:`TranslationError` for anything that cannot be translated (unknown op,
-    unsupported argument, export failure), naming the op, argument and node."""
+    unsupported argument, export failure), naming the op, argument and node.
+    Source: paper §3.2 (PyTorch-to-LEIR translator); reference-notes §5 for what the paper's
+    translator did (we raise instead of returning ``None``, bind within hardware limits,
+    support several outputs)."""
     traced = trace_model(model, inputs)
     low = _Lowering(traced, name)
     module = low.run()
@@ -323,13 +334,17 @@ def translate_model(model: torch.nn.Module, inputs: Sequence[Any], name: str = "
                        graph=str(traced.graph), param_targets=low.param_targets)
 
 
-def translate_file(path: str | Path, dtype: Any = None) -> Translation:
+def translate_file(path: str | Path, dtype: Any = None, eval_mode: bool = False) -> Translation:
     """Load a KernelBench-style file (``Model``, ``get_inputs``, ``get_init_inputs``; see
     ``loader.py``) and translate it; ``dtype`` (``"f16"``, ``"f32"``, ``"f64"`` or a
-    ``torch.dtype``) casts the model and its floating inputs first.
+    ``torch.dtype``) casts the model and its floating inputs first. The model keeps the mode
+    it is constructed in (training, as KernelBench runs it: batch norm uses batch statistics)
+    unless ``eval_mode`` (running statistics; dropout becomes the identity).
 
-    Raises ``FileNotFoundError`` or :class:`TranslationError`."""
+    Raises ``FileNotFoundError`` or :class:`TranslationError`. Source: paper §3.2 (stage i)."""
     prog = load_program(path, dtype)
+    if eval_mode:
+        prog.model.eval()
     return translate_model(prog.model, prog.inputs, prog.name)
 
 
