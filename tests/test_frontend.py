@@ -4,6 +4,7 @@ numeric verification against PyTorch (3 seeded trials) for every supported op.""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 import textwrap
 
 import numpy as np
@@ -13,12 +14,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from steptp.frontend import TranslationError, load_program, supported_ops, translate_file, translate_model
-from steptp.frontend.examples import DEFAULT_DIR, example_programs, sync_examples
+from steptp.frontend.examples import example_programs, sync_examples
 from steptp.frontend.ir import simplify_index
 from steptp.frontend.naming import INDEX_LETTERS, TensorNames, index_name, tensor_name
 from steptp.leir import ast as A
 from steptp.leir import format_leir, format_program, parse_expr, parse_leir
 from steptp.leir.analysis import analyze, reduction_axes
+
+# the repository's examples/ (tests run against the installed package, so not package-relative)
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "f64": torch.float64}
 
@@ -558,18 +562,18 @@ def test_translate_file_errors(tmp_path):
     with pytest.raises(TranslationError, match="get_inputs"):
         translate_file(p)
     with pytest.raises(TranslationError, match="unknown dtype"):
-        translate_file(DEFAULT_DIR / "matmul.py", dtype="f8")
+        translate_file(EXAMPLES_DIR / "matmul.py", dtype="f8")
 
 
 def test_examples_exist_and_are_up_to_date():
-    progs = example_programs()
+    progs = example_programs(EXAMPLES_DIR)
     assert len(progs) >= 8
     for name in ["matmul", "gemm_relu", "softmax", "mlp", "gelu", "mean_reduction", "bmm", "scale_bias"]:
-        assert DEFAULT_DIR / f"{name}.py" in progs
-    assert sync_examples(check=True) == [], "run: python -m steptp.frontend.examples"
+        assert EXAMPLES_DIR / f"{name}.py" in progs
+    assert sync_examples(EXAMPLES_DIR, check=True) == [], "run: python -m steptp.frontend.examples"
 
 
-@pytest.mark.parametrize("path", example_programs(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", example_programs(EXAMPLES_DIR), ids=lambda p: p.stem)
 def test_example_verifies(path):
     tr = translate_file(path)
     assert parse_leir(path.with_suffix(".leir").read_text()).program == tr.module.program

@@ -21,23 +21,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from ..rules.loader import difficulty_level, difficulty_score  # paper Eq. (1), one definition
+
 EASY, MEDIUM, DIFFICULT = "easy", "medium", "difficult"
-
-
-def difficulty_score(K: int, P: int, S: int) -> float:
-    """Paper Eq. (1): ``0.1K + 0.5(P-1) + S`` (K, P, S non-negative integers, P >= 1)."""
-    if min(K, S) < 0 or P < 1:
-        raise ValueError(f"difficulty components must satisfy K,S >= 0 and P >= 1 (got K={K}, P={P}, S={S})")
-    return round(0.1 * K + 0.5 * (P - 1) + S, 6)
-
-
-def difficulty_level(score: float) -> str:
-    """easy (< 1), medium (1 <= score < 2.5) or difficult (>= 2.5)."""
-    if score < 1:
-        return EASY
-    if score < 2.5:
-        return MEDIUM
-    return DIFFICULT
 
 
 def is_expansion(strategy_id: str) -> bool:

@@ -16,7 +16,8 @@ from pathlib import Path
 from ..leir.fileformat import format_leir
 from .translate import translate_file
 
-DEFAULT_DIR = Path(__file__).resolve().parents[3] / "examples"
+#: default: ``examples/`` under the current directory (run from the repository root)
+DEFAULT_DIR = Path("examples")
 
 
 def example_programs(directory: str | Path = DEFAULT_DIR) -> list[Path]:

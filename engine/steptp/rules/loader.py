@@ -16,17 +16,22 @@ import json
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..resources import rules_dir
 from .schema import LEVELS, RuleError, validate_rule_data
 
 
 def difficulty_score(K: int, P: int, S: int) -> float:
-    """Paper eq. (1): ``0.1K + 0.5(P-1) + S`` (computed exactly, returned as float)."""
+    """Paper eq. (1): ``0.1K + 0.5(P-1) + S`` (computed exactly, returned as float).
+
+    K (preconditions) and S (synthesis depth) are >= 0, P (modified components) >= 1;
+    raises ``ValueError`` otherwise."""
+    if min(K, S) < 0 or P < 1:
+        raise ValueError(f"difficulty components must satisfy K,S >= 0 and P >= 1 (got K={K}, P={P}, S={S})")
     return float(Fraction(K, 10) + Fraction(P - 1, 2) + S)
 
 
@@ -110,7 +115,7 @@ def display_path(path: str | os.PathLike) -> str:
     otherwise the path as given."""
     p = Path(path)
     try:
-        if p.resolve().parent == Path(str(resources.files("steptp._rules"))).resolve():
+        if p.resolve().parent == rules_dir().resolve():
             return f"rules/{p.name}"
     except (OSError, ModuleNotFoundError):  # pragma: no cover
         pass
@@ -198,7 +203,7 @@ def load_rule(path: str | os.PathLike) -> Rule:
 
 def default_rules_dir() -> Path:
     """The shipped rule directory (package ``steptp._rules`` = repo-root ``rules/``)."""
-    return Path(str(resources.files("steptp._rules")))
+    return rules_dir()
 
 
 def load_rules(directory: str | os.PathLike | None = None) -> list[Rule]:
