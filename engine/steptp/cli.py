@@ -111,12 +111,15 @@ def _print_verification(res) -> None:
 def verify(original: Path = typer.Argument(..., help="Original .leir file."),
            transformed: Path = typer.Argument(..., help="Transformed .leir file (same known tensors)."),
            seed: int = typer.Option(0, "--seed"),
-           trials: int = typer.Option(3, "--trials", min=1)):
-    """Check a transformed program against its original: prints Diff/Build/Exec/Equal; exit 0 only on Equal."""
+           trials: int = typer.Option(3, "--trials", min=1),
+           no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx.")):
+    """Check a transformed program against its original: prints Diff/Build/Exec/Equal; exit 0 only on Equal.
+
+    Build = CPU (llvm) build + GPU preflight + TVM CUDA codegen + nvcc --ptx (when nvcc is on PATH)."""
     from .verify import verify_pair
 
     a, b = _load(original), _load(transformed)
-    res = verify_pair(a, b, trials=trials, seed=seed)
+    res = verify_pair(a, b, trials=trials, seed=seed, nvcc=not no_nvcc)
     _print_verification(res)
     if not res.equal:
         raise typer.Exit(1)
@@ -185,6 +188,7 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
             per_rule: int = typer.Option(1, "--per-rule", min=1, help="Verified steps kept per program and rule."),
             trials: int = typer.Option(3, "--trials", min=1, help="Seeded verification trials per check."),
             no_cuda: bool = typer.Option(False, "--no-cuda", help="Skip the CUDA source / GPU TIR in entries."),
+            no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx (faster)."),
             in_process: bool = typer.Option(False, "--in-process",
                                             help="Run checks in the generating process (faster, no time limit)."),
             timeout: float = typer.Option(60.0, "--timeout", help="Time limit per check in seconds (isolated mode)."),
@@ -200,7 +204,7 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         if not Path(p).exists():
             _fail(f"{p}: no such rule file")
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, with_cuda=not no_cuda, rule_paths=rule_paths,
-                   isolated=not in_process, timeout_s=timeout)
+                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc)
     try:
         report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet)
     except (DatasetError, FileNotFoundError, ValueError) as e:

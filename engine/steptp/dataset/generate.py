@@ -34,6 +34,7 @@ class Options:
     per_rule: int = 1           # verified steps kept per (program, rule)
     max_tries: int = 4          # candidates tried per (program, rule) before giving up
     with_cuda: bool = True      # store TIR for the GPU path and CUDA source
+    nvcc: bool = True           # Build pass includes nvcc --ptx of the CUDA source (when nvcc exists)
     isolated: bool = True       # build+run every check in a worker process with a time limit
     timeout_s: float = 60.0     # per check (isolated mode)
     rule_paths: list[str] = field(default_factory=list)
@@ -123,6 +124,9 @@ def process(src: Source, opts: Options) -> ProgramResult:
     except Exception as e:  # noqa: BLE001 - one bad program must not stop the run
         return ProgramResult(str(src.path), src.key, None, [], [],
                              error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
+    from ..backend import nvcc_path
+
+    nvcc_ran = bool(opts.nvcc and nvcc_path() is not None)
     entries: list[dict] = []
     attempts: list[dict] = []
     original_repr = None
@@ -155,7 +159,7 @@ def process(src: Source, opts: Options) -> ProgramResult:
                 continue
             seen_after.add(after_text)
             res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed,
-                              runner=_runner(opts), timeout_s=opts.timeout_s)
+                              runner=_runner(opts), timeout_s=opts.timeout_s, nvcc=opts.nvcc)
             attempts.append({"rule": rule.id, "outcome": "equal" if res.equal else "failed",
                              "reason": res.reason})
             if not res.equal:
@@ -177,7 +181,7 @@ def process(src: Source, opts: Options) -> ProgramResult:
                 "original": original_repr,
                 "transformed": _lowered(step.after, opts.with_cuda),
                 "cot": step.cot,
-                "verification": res.to_dict(),
+                "verification": {**res.to_dict(), "nvcc": nvcc_ran},
                 "original_verification": original_check,
                 "seed": opts.seed,
             })
