@@ -17,11 +17,9 @@ import random
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..leir.fileformat import LeirModule, load_leir
 from ..leir.printer import format_program
-from .difficulty import difficulty_level, difficulty_score
 from .sources import Source
 
 
@@ -112,11 +110,74 @@ def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
     return tr.module, ver
 
 
+def _entry(src: Source, module: LeirModule, original: dict, original_check: dict, rule, step, res,
+           opts: Options, nvcc_ran: bool) -> dict:
+    """One dictionary entry (design.md §6) for a verified step."""
+    after_text = format_program(step.after.program)
+    d = rule.difficulty
+    return {
+        "id": entry_id(original["leir"], after_text, rule.id),
+        "program": module.signature.name,
+        "source": str(src.path),
+        "signature": _signature_dict(module),
+        "strategy": {"id": rule.id, "name": rule.name, "category": rule.category},
+        "difficulty": {"K": d["K"], "P": d["P"], "S": d["S"], "score": rule.score, "level": rule.level},
+        "params": _jsonable(step.params),
+        "site": _jsonable(step.site_description),
+        "original": original,
+        "transformed": _lowered(step.after, opts.with_cuda),
+        "cot": step.cot,
+        "verification": {**res.to_dict(), "nvcc": nvcc_ran},
+        "original_verification": original_check,
+        "seed": opts.seed,
+    }
+
+
+def _verified_steps(rule, module: LeirModule, src: Source, opts: Options, attempts: list[dict]):
+    """Yield ``(step, VerifyResult)`` for up to ``opts.per_rule`` verified steps of ``rule``.
+
+    Candidates (site x parameters) are tried in an order drawn from ``(seed, program key,
+    rule id)``, at most ``opts.max_tries`` of them; every try is appended to ``attempts``."""
+    from ..engine import NoMatch, apply_rule, list_candidates
+    from ..verify import verify_pair
+
+    rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
+    try:
+        cands = list_candidates(rule, module)
+    except NoMatch:
+        return
+    except Exception as e:  # noqa: BLE001 - a rule that crashes on one program costs that rule only
+        attempts.append({"rule": rule.id, "outcome": "match_error", "reason": f"{type(e).__name__}: {e}"})
+        return
+    order = list(range(len(cands)))
+    rng.shuffle(order)
+    kept = 0
+    seen_after: set[str] = set()
+    for ci in order[: opts.max_tries]:
+        site, params = cands[ci]
+        try:
+            step = apply_rule(rule, module, seed=rng.randrange(2**31), site=site, params=params)
+        except Exception as e:  # noqa: BLE001
+            attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
+            continue
+        after_text = format_program(step.after.program)
+        if after_text in seen_after:
+            continue
+        seen_after.add(after_text)
+        res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed,
+                          runner=_runner(opts), timeout_s=opts.timeout_s, nvcc=opts.nvcc)
+        attempts.append({"rule": rule.id, "outcome": "equal" if res.equal else "failed", "reason": res.reason})
+        if res.equal:
+            yield step, res
+            kept += 1
+            if kept >= opts.per_rule:
+                return
+
+
 def process(src: Source, opts: Options) -> ProgramResult:
     """Generate the verified steps of one program (runs in a worker process)."""
-    from ..engine import NoMatch, apply_rule, list_candidates
+    from ..backend import nvcc_path
     from ..rules import load_rule
-    from ..verify import verify_pair
 
     t0 = time.perf_counter()
     try:
@@ -124,70 +185,15 @@ def process(src: Source, opts: Options) -> ProgramResult:
     except Exception as e:  # noqa: BLE001 - one bad program must not stop the run
         return ProgramResult(str(src.path), src.key, None, [], [],
                              error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
-    from ..backend import nvcc_path
-
     nvcc_ran = bool(opts.nvcc and nvcc_path() is not None)
     entries: list[dict] = []
     attempts: list[dict] = []
-    original_repr = None
+    original = None  # lowered lazily: only programs with a verified step need it
     for rule_path in opts.rule_paths:
         rule = load_rule(rule_path)
-        rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
-        try:
-            cands = list_candidates(rule, module)
-        except NoMatch:
-            cands = []
-        except Exception as e:  # noqa: BLE001
-            attempts.append({"rule": rule.id, "outcome": "match_error", "reason": f"{type(e).__name__}: {e}"})
-            continue
-        if not cands:
-            continue
-        order = list(range(len(cands)))
-        rng.shuffle(order)
-        kept = 0
-        seen_after: set[str] = set()
-        for ci in order[: opts.max_tries]:
-            site, params = cands[ci]
-            step_seed = rng.randrange(2**31)
-            try:
-                step = apply_rule(rule, module, seed=step_seed, site=site, params=params)
-            except Exception as e:  # noqa: BLE001
-                attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
-                continue
-            after_text = format_program(step.after.program)
-            if after_text in seen_after:
-                continue
-            seen_after.add(after_text)
-            res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed,
-                              runner=_runner(opts), timeout_s=opts.timeout_s, nvcc=opts.nvcc)
-            attempts.append({"rule": rule.id, "outcome": "equal" if res.equal else "failed",
-                             "reason": res.reason})
-            if not res.equal:
-                continue
-            if original_repr is None:
-                original_repr = _lowered(module, opts.with_cuda)
-            d = rule.difficulty
-            score = difficulty_score(d["K"], d["P"], d["S"])
-            entries.append({
-                "id": entry_id(original_repr["leir"], after_text, rule.id),
-                "program": module.signature.name,
-                "source": str(src.path),
-                "signature": _signature_dict(module),
-                "strategy": {"id": rule.id, "name": rule.name, "category": rule.category},
-                "difficulty": {"K": d["K"], "P": d["P"], "S": d["S"], "score": score,
-                               "level": difficulty_level(score)},
-                "params": _jsonable(step.params),
-                "site": _jsonable(step.site_description if hasattr(step, "site_description") else str(step.site)),
-                "original": original_repr,
-                "transformed": _lowered(step.after, opts.with_cuda),
-                "cot": step.cot,
-                "verification": {**res.to_dict(), "nvcc": nvcc_ran},
-                "original_verification": original_check,
-                "seed": opts.seed,
-            })
-            kept += 1
-            if kept >= opts.per_rule:
-                break
+        for step, res in _verified_steps(rule, module, src, opts, attempts):
+            original = original or _lowered(module, opts.with_cuda)
+            entries.append(_entry(src, module, original, original_check, rule, step, res, opts, nvcc_ran))
     return ProgramResult(str(src.path), src.key, module.signature.name, entries, attempts,
                          seconds=time.perf_counter() - t0)
 
