@@ -135,7 +135,7 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
           do_verify: bool = typer.Option(False, "--verify", help="Also verify the step numerically.")):
     """Apply one rule at one site: print the transformed LEIR and its chain of thought."""
     from .engine import NoMatch, apply_rule, list_candidates
-    from .leir import format_leir, format_program, save_leir
+    from .leir import format_program, save_leir
     from .rules import RuleError, load_rule
 
     try:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..leir.fileformat import LeirModule, Signature
+from ..leir.fileformat import Signature
 from .errors import BackendError, BuildError, ExecError, LoweringError, PreflightError, short_tvm_error
 from .hardware import DEFAULT_GPU, GpuLimits
 from .preflight import preflight

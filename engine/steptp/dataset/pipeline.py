@@ -32,7 +32,7 @@ from tqdm import tqdm
 from .chat import multi_messages, single_messages
 from .difficulty import FilterPolicy, filter_multi_items, keep_single
 from .generate import Options, ProgramResult, process_safe
-from .sources import Source, discover
+from .sources import discover
 from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
 
 

@@ -228,7 +228,6 @@ class _WhereCompiler:
                 raise CompileError(field_, f"unknown relation {name!r}; known: {', '.join(sorted(RELATIONS))}")
             k += 2
             args: list[str] = []
-            extra: list[str] = []
             idx = 0
             while True:
                 t = peek()

@@ -769,7 +769,6 @@ def lower_layer_norm(ctx):
     eps = ctx.number("eps")
     s, q, n = _moments(ctx, x, dims)
     w, b = ctx.args.get("weight"), ctx.args.get("bias")
-    ops = [x, s, q] + [v for v in (w, b) if v is not None]
 
     def fn(xv, sv, qv, *wb):
         it = iter(wb)

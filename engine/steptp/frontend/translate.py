@@ -44,10 +44,9 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..leir import ast as A
 from ..leir.analysis import LeirSemanticError, analyze
 from ..leir.fileformat import LeirModule, Signature, TensorDecl
-from .ir import LEIR_TO_TORCH, Buffer, Emitter, Fill, TranslationError, Value, leir_dtype
+from .ir import LEIR_TO_TORCH, Buffer, Emitter, TranslationError, Value, leir_dtype
 from .loader import cast_inputs, load_program, parse_dtype
 from .naming import TensorNames
 from .ops import OPS, OpContext

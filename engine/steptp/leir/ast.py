@@ -20,7 +20,7 @@ Structure nodes: :class:`Loop`, :class:`Assign`, :class:`Nest`, :class:`Program`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Union
 
 #: LEIR dtype codes -> TVM/numpy dtype names (reference-notes §1.4).

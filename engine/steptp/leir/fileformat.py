@@ -19,7 +19,7 @@ inferred from its index ranges. Other ``%`` lines are free comments.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import ast as A
