@@ -709,34 +709,32 @@ def _drop(idx: Sequence[A.Expr], dim: int) -> tuple:
     return tuple(i for d, i in enumerate(idx) if d != dim)
 
 
-@lowering("softmax", "_softmax")
-def lower_softmax(ctx):
-    """Softmax over ``dim``: ``M=max(M,X)``, ``S=S+exp(X-M)``, ``O=exp(X-M)/S``."""
+def _lower_softmax_family(ctx, scalar_value: int, combine):
+    """Shared body of softmax / log_softmax over ``dim``: the max nest ``M`` and the
+    sum-of-exp nest ``S`` (``_softmax_parts``), then ``O = combine(X, M, S)``; a 0-d input
+    gives the constant ``scalar_value``."""
     x = ctx.tensor("self")
     dim = _softmax_dim(ctx, x)
     if x.rank == 0:
-        return ctx.map(lambda v: ctx.lit(1), x)
+        return ctx.map(lambda v: ctx.lit(scalar_value), x)
     m, s = _softmax_parts(ctx, x, dim)
     out = ctx.result()
     sp = ctx.em.space(out.shape)
     xi, ri = x.read(sp.out), _drop(sp.out, dim)
-    ctx.em.emit(sp.loops, A.Assign(out.ref(sp.out), div(call("exp", sub(xi, m.read(ri))), s.read(ri))))
+    ctx.em.emit(sp.loops, A.Assign(out.ref(sp.out), combine(xi, m.read(ri), s.read(ri))))
     return out
+
+
+@lowering("softmax", "_softmax")
+def lower_softmax(ctx):
+    """Softmax over ``dim``: ``M=max(M,X)``, ``S=S+exp(X-M)``, ``O=exp(X-M)/S``."""
+    return _lower_softmax_family(ctx, 1, lambda xi, mi, si: div(call("exp", sub(xi, mi)), si))
 
 
 @lowering("log_softmax", "_log_softmax")
 def lower_log_softmax(ctx):
     """Log-softmax over ``dim``: max and sum-of-exp nests, then ``O = X-M-log(S)``."""
-    x = ctx.tensor("self")
-    dim = _softmax_dim(ctx, x)
-    if x.rank == 0:
-        return ctx.map(lambda v: ctx.lit(0), x)
-    m, s = _softmax_parts(ctx, x, dim)
-    out = ctx.result()
-    sp = ctx.em.space(out.shape)
-    xi, ri = x.read(sp.out), _drop(sp.out, dim)
-    ctx.em.emit(sp.loops, A.Assign(out.ref(sp.out), sub(sub(xi, m.read(ri)), call("log", s.read(ri)))))
-    return out
+    return _lower_softmax_family(ctx, 0, lambda xi, mi, si: sub(sub(xi, mi), call("log", si)))
 
 
 # ---------------------------------------------------------------------------
