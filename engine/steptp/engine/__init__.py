@@ -8,6 +8,7 @@ Public API::
     apply_rule(rule, module, seed=0, site=None, params=None) -> Step   # raises NoMatch
 """
 
+from . import values as _values  # noqa: F401 - registers the rule-language value functions
 from .apply import NoMatch, Step, apply_rule, check_rule, list_candidates
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError

@@ -82,6 +82,8 @@ SCHEMA = """
 (relation nest_in (i64 i64))
 (relation known (String String))
 (relation proper_divisor (i64 i64))
+(function reader_count (String) i64 :no-merge)
+(function writer_count (String) i64 :no-merge)
 
 (ruleset a1)
 (ruleset a2)
@@ -157,6 +159,13 @@ ANALYSIS = (
 (rule ((proper_divisor n f)) ((factorizable n)) :ruleset a1)
 (relation bound_loop (i64 i64))
 (rule ((loop_at n p (LOOP "B" x v))) ((bound_loop n p)) :ruleset a1)
+(relation loop_info (i64 i64 String i64 String)) ; nest, position, kind, extent, index (flattened loop facts)
+(rule ((loop_at n p (LOOP k x v))) ((loop_info n p k x v)) :ruleset a1)
+(relation in_kernel (i64 i64))         ; loop (nest, pos) runs inside a thread/block binding (device code)
+(rule ((loop_at n p l) (bound_loop n q) (< q p)) ((in_kernel n p)) :ruleset a1)
+(rule ((loop_at n p l) (nest_in n m) (bound_loop m q)) ((in_kernel n p)) :ruleset a1)
+(relation has_inner (i64))             ; the nest contains another nest
+(rule ((nest_in i n)) ((has_inner n)) :ruleset a1)
 (relation top_nest_of (i64 i64))       ; equation, the top-level nest (one GPU kernel) enclosing it
 (rule ((eq_in e n) (nest_pos n -1 p)) ((top_nest_of e n)) :ruleset a1)
 (relation accessed_at (String i64 TL)) ; tensor, equation, subscript of a read or write
@@ -246,6 +255,9 @@ ANALYSIS = (
 
 SCHEDULE = "(run-schedule (saturate (run a1)) (saturate (run a2)) (saturate (run cand)) " \
            "(saturate (run neg)) (saturate (run fin)))"
+#: The analysis strata only; each compiled rule then runs its own schedule
+#: (:attr:`steptp.engine.match.CompiledRule.schedule`).
+ANALYSIS_SCHEDULE = "(run-schedule (saturate (run a1)) (saturate (run a2)))"
 
 # Logical sorts of rule metavariables -> egglog sorts.
 EGG_SORT = {"Term": "Term", "TL": "TL", "String": "String", "Int": "i64", "Nest": "i64", "Eq": "i64",
@@ -299,6 +311,12 @@ RELATIONS: dict[str, RelSig] = {
     "before": RelSig(("Nest", "Nest"), doc="sibling nests, first runs before second"),
     "factorizable": RelSig(("Int",), doc="extent n has a divisor f with 1 < f < n"),
     "bound_loop": RelSig(("Nest", "Int"), doc="loop at (nest, position) is thread/block bound (B)"),
+    "loop_info": RelSig(("Nest", "Int", "String", "Int", "String"),
+                        doc="nest, position, loop kind, extent, index name (one row per loop)"),
+    "in_kernel": RelSig(("Nest", "Int"), doc="loop (nest, position) is inside a thread/block-bound loop (device code)"),
+    "has_inner": RelSig(("Nest",), doc="the nest contains an inner nest"),
+    "reader_count": RelSig(("String",), "Int", "number of equations reading the tensor (0 if none)"),
+    "writer_count": RelSig(("String",), "Int", "number of equations writing the tensor (0 if none)"),
     "top_nest_of": RelSig(("Eq", "Nest"), doc="equation, the top-level nest (one GPU kernel) enclosing it"),
     "accessed_at": RelSig(("String", "Eq", "TL"), doc="tensor, equation reading or writing it, subscript list"),
     "accessed_in": RelSig(("String", "Nest"), doc="tensor, top-level nest that reads or writes it"),
@@ -464,6 +482,19 @@ def program_facts(module: LeirModule, ix: ProgramIndex) -> list[str]:
         parts += [f"(eq_in {eid} {n})" for n in ix.eq_encl[eid]]
         cmds.append(" ".join(parts))
     small = [f"(known {sx_str(t.name)} {sx_str(t.role)})" for t in module.signature.tensors]
+    readers: dict[str, int] = {t.name: 0 for t in module.signature.tensors}
+    writers: dict[str, int] = dict(readers)
+    for eq in ix.eqs:
+        writers[eq.target.name] = writers.get(eq.target.name, 0) + 1
+        writers.setdefault(eq.target.name, 0)
+        readers.setdefault(eq.target.name, 0)
+        names = {x.name for x in A.walk(eq.value) if isinstance(x, A.Tensor)}
+        names |= {x.name for i in eq.target.indices for x in A.walk(i) if isinstance(x, A.Tensor)}
+        for n in names:
+            readers[n] = readers.get(n, 0) + 1
+            writers.setdefault(n, 0)
+    small += [f"(set (reader_count {sx_str(n)}) {c})" for n, c in sorted(readers.items())]
+    small += [f"(set (writer_count {sx_str(n)}) {c})" for n, c in sorted(writers.items())]
     small += [f"(proper_divisor {n} {f})" for n in sorted(extents) for f in proper_divisors(n)]
     if small:
         cmds.append(" ".join(small))
@@ -586,5 +617,5 @@ def analyze_relations(module: LeirModule, names: list[str]) -> dict[str, list[li
     return out
 
 
-__all__ = ["SCHEMA", "ANALYSIS", "SCHEDULE", "EGG_SORT", "RelSig", "RELATIONS", "ProgramIndex", "Encoder",
+__all__ = ["SCHEMA", "ANALYSIS", "SCHEDULE", "ANALYSIS_SCHEDULE", "EGG_SORT", "RelSig", "RELATIONS", "ProgramIndex", "Encoder",
            "proper_divisors", "program_facts", "decode_term", "EggSession", "analyze_relations"]

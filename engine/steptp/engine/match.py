@@ -35,7 +35,7 @@ from ..leir import ast as A
 from ..leir.fileformat import LeirModule
 from ..leir.printer import format_node
 from . import patterns as P
-from .egraph import EGG_SORT, RELATIONS, SCHEDULE, EggSession, ProgramIndex
+from .egraph import ANALYSIS_SCHEDULE, EGG_SORT, RELATIONS, EggSession, ProgramIndex
 from .primitives import EqRef, NestRef, value_occurrences
 
 
@@ -170,6 +170,8 @@ class CompiledRule:
     relation: str
     negated: bool
     scope_vars: tuple[str, ...] = ()
+    schedule: str = ""                 # egglog schedule running only this rule (after the analyses)
+    checks: tuple[str, ...] = ()       # ``{check: ...}`` value conditions, evaluated in Python per site
 
     def column_sorts(self) -> list[str]:
         """Logical sort of each candidate-row column."""
@@ -186,6 +188,7 @@ class _WhereCompiler:
         self.sorts = sorts
         self.n_tmp = 0
         self.rule_id = rule_id
+        self.group_vars: list[set[str]] = []
 
     def tmp(self) -> str:
         self.n_tmp += 1
@@ -198,8 +201,29 @@ class _WhereCompiler:
         elif old != sort:
             raise CompileError(field_, f"?{name} is a {old} but this argument needs a {sort}")
 
+    def compile_group(self, inner: str, field_: str) -> list[str]:
+        """``not (A and B and ...)``: the conjunction of several positive items, negated as a
+        whole. Metavariables first declared inside the group and bound nowhere else are
+        existential ("there is no ?M such that ..."); see :func:`compile_rule`."""
+        parts = _split_and(inner)
+        if not parts:
+            raise CompileError(field_, "empty 'not ( ... )' group")
+        before = set(self.sorts)
+        atoms: list[str] = []
+        for part in parts:
+            pos, neg = self.compile_item(part, field_)
+            if neg is not None:
+                raise CompileError(field_, "a 'not ( ... )' group cannot contain another negation")
+            atoms += pos
+        self.group_vars.append(set(self.sorts) - before)
+        return atoms
+
     def compile_item(self, item, field_: str) -> tuple[list[str], list[str] | None]:
         """Return (positive atoms, negated atom group or None)."""
+        if isinstance(item, str):
+            m = re.match(r"^\s*not\s*\((.*)\)\s*$", item, re.S)
+            if m and _balanced(m.group(1)):
+                return [], self.compile_group(m.group(1), field_)
         if isinstance(item, dict):
             name = item["term"][1:]
             try:
@@ -365,6 +389,36 @@ class _WhereCompiler:
         return v, atoms
 
 
+def _balanced(text: str) -> bool:
+    depth = 0
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _split_and(text: str) -> list[str]:
+    """Split ``a(..) and b(..) and ?x > 2`` at top-level ``and`` words (commas inside
+    parentheses are not split)."""
+    parts, depth, cur = [], 0, ""
+    toks = re.split(r"(\(|\)|\band\b)", text)
+    for t in toks:
+        if t == "(":
+            depth += 1
+        elif t == ")":
+            depth -= 1
+        if t == "and" and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += t
+    if cur.strip():
+        parts.append(cur.strip())
+    return [p for p in parts if p]
+
+
 def _mvar_name(text: str, field_: str) -> str:
     if not (isinstance(text, str) and text.startswith("?")):
         raise CompileError(field_, f"expected a metavariable like ?N, got {text!r}")
@@ -431,11 +485,28 @@ def compile_rule(rule) -> CompiledRule:
 
     wc = _WhereCompiler(sorts, rule.id)
     negs: list[list[str]] = []
+    checks: list[tuple[str, str]] = []
     for i, item in enumerate(rule.where):
+        if isinstance(item, dict) and "check" in item:
+            checks.append((f"where[{i}].check", item["check"]))
+            continue
         pos_atoms, neg = wc.compile_item(item, f"where[{i}]")
         atoms += pos_atoms
         if neg is not None:
             negs.append(neg)
+    # variables first declared inside a 'not ( ... )' group and bound by no positive atom
+    # are existential inside that group
+    pos_vars = _atom_vars(" ".join(atoms))
+    for gi, names in enumerate(wc.group_vars):
+        for name in names:
+            if P.qvar(name) in pos_vars:
+                continue
+            sorts.pop(name, None)
+            pat = re.compile(r"(?<![\w\"])" + re.escape(P.qvar(name)) + r"(?![\w])")
+            negs = [[pat.sub(f"anon_ex{gi}_{name}", a) for a in g] for g in negs]
+    bad = [c for c in sorts if sorts[c] == P.LOOPS]
+    if bad:
+        raise CompileError(fld, f"*?{bad[0]} (a loop-list splice) is only allowed in templates")
     columns = [c for c in sorts if not c.startswith("_")]
     # every column must be bound by a positive atom
     pos_text = " ".join(atoms)
@@ -446,24 +517,44 @@ def compile_rule(rule) -> CompiledRule:
         for v in _atom_vars(" ".join(group)):
             if v.startswith("mv_") and v[3:] not in columns:
                 raise CompileError("where", f"{v[3:]} in a negated clause must be bound by the match or a positive clause")
+    for cf, ctext in checks:
+        from .primitives import is_expression, parse_value, value_vars
+
+        try:
+            used = value_vars(parse_value(ctext)) if is_expression(ctext) else set()
+        except P.PatternError as e:
+            raise CompileError(cf, str(e)) from None
+        free = used - set(columns)
+        if free:
+            raise CompileError(cf, f"unbound metavariable(s) {sorted('?' + f for f in free)}; a check may only use "
+                                   f"what the match and the egglog clauses bind")
     egg_sorts = " ".join(EGG_SORT[sorts[c]] for c in columns)
     cols = " ".join(P.qvar(c) for c in columns)
     rid = rule.id
-    rel = f"cand__{rid}"
-    lines = [f"(relation {rel} ({egg_sorts}))"]
+    # relations and rulesets are named per rule *version* (id + content key), so every rule
+    # runs in its own schedule and two versions of one id can share an e-graph
+    tag = f"{rid}__{rule.key}"
+    rel = f"cand__{tag}"
+    rs = {k: f"{k}_rs__{tag}" for k in ("cand", "neg", "fin")}
+    lines = [f"(ruleset {rs['cand']})", f"(ruleset {rs['neg']})", f"(ruleset {rs['fin']})",
+             f"(relation {rel} ({egg_sorts}))"]
     body = " ".join(atoms)
     if negs:
-        lines += [f"(relation pre__{rid} ({egg_sorts}))",
-                  f"(function blk__{rid} ({egg_sorts}) bool :merge (or old new))",
-                  f"(rule ({body}) ((pre__{rid} {cols})) :ruleset cand :name \"{rid}\")",
-                  f"(rule ((pre__{rid} {cols})) ((set (blk__{rid} {cols}) false)) :ruleset neg)"]
+        lines += [f"(relation pre__{tag} ({egg_sorts}))",
+                  f"(function blk__{tag} ({egg_sorts}) bool :merge (or old new))",
+                  f"(rule ({body}) ((pre__{tag} {cols})) :ruleset {rs['cand']} :name \"{rid}\")",
+                  f"(rule ((pre__{tag} {cols})) ((set (blk__{tag} {cols}) false)) :ruleset {rs['neg']})"]
         for g in negs:
-            lines.append(f"(rule ((pre__{rid} {cols}) {' '.join(g)}) ((set (blk__{rid} {cols}) true)) :ruleset neg)")
-        lines.append(f"(rule ((pre__{rid} {cols}) (= (blk__{rid} {cols}) false)) ((cand__{rid} {cols})) :ruleset fin)")
+            lines.append(f"(rule ((pre__{tag} {cols}) {' '.join(g)}) ((set (blk__{tag} {cols}) true)) "
+                         f":ruleset {rs['neg']})")
+        lines.append(f"(rule ((pre__{tag} {cols}) (= (blk__{tag} {cols}) false)) ((cand__{tag} {cols})) "
+                     f":ruleset {rs['fin']})")
     else:
-        lines.append(f"(rule ({body}) (({rel} {cols})) :ruleset cand :name \"{rid}\")")
+        lines.append(f"(rule ({body}) (({rel} {cols})) :ruleset {rs['cand']} :name \"{rid}\")")
+    schedule = (f"(run-schedule (saturate (run {rs['cand']})) (saturate (run {rs['neg']})) "
+                f"(saturate (run {rs['fin']})))")
     cr = CompiledRule(rid, rule.key, scope, pattern, dict(sorts), columns, "\n".join(lines), rel, bool(negs),
-                      scope_vars)
+                      scope_vars, schedule, tuple(c for _, c in checks))
     _COMPILED[rule.key] = cr
     return cr
 
@@ -505,33 +596,91 @@ _COMPILED: dict[str, CompiledRule] = {}
 
 
 class Matcher:
-    """An e-graph loaded with a fixed list of rules; match programs with :meth:`sites`."""
+    """One e-graph holding the analyses and a growing set of compiled rules.
 
-    def __init__(self, rules: list):
-        self.rules = list(rules)
-        self.compiled = [compile_rule(r) for r in self.rules]
-        self.session = EggSession("\n".join(c.text for c in self.compiled))
-        self.timings: dict[str, float] = {}
+    A program is loaded once (facts + the analysis strata ``a1``/``a2``) and stays loaded
+    until another program is asked for; each rule then runs in **its own schedule**
+    (rulesets ``cand_rs/neg_rs/fin_rs__<id>__<key>``) only when its sites are asked for, so the
+    cost of one rule's query never adds to another rule's (the old shared ``cand``
+    ruleset made every rule wait for the slowest one). :attr:`timings` holds the last
+    program's ``insert_ms``/``analysis_ms`` and per-rule ``rule_ms`` (rule id -> ms).
+    """
 
-    def sites(self, module: LeirModule) -> dict[str, list[Site]]:
-        """Every match site of every rule (rule id -> sorted sites)."""
+    def __init__(self, rules: list = ()):
+        self.session = EggSession()
+        self.compiled: dict[str, CompiledRule] = {}
+        self.rules: list = []
+        self._loaded: LeirModule | None = None
+        self._ix: ProgramIndex | None = None
+        self._done: dict[str, list[Site]] = {}
+        self.timings: dict[str, Any] = {"rule_ms": {}}
+        self.add(rules)
+
+    def add(self, rules) -> None:
+        """Load the compiled text of rules not yet in the e-graph (unloads the program)."""
+        new = [r for r in rules if r.key not in self.compiled]
+        if not new:
+            return
+        self._unload()
+        for r in new:
+            cr = compile_rule(r)
+            self.session.run(cr.text)
+            self.compiled[r.key] = cr
+            self.rules.append(r)
+
+    def _unload(self) -> None:
+        if self._loaded is not None:
+            self.session.run("(pop)")
+            self._loaded, self._ix, self._done = None, None, {}
+
+    def _load(self, module: LeirModule) -> ProgramIndex:
+        if self._loaded is not None and (self._loaded is module or self._loaded == module):
+            return self._ix
+        self._unload()
         t0 = time.perf_counter()
-        s = self.session
-        s.run("(push)")
+        self.session.run("(push)")
+        ix = self.session.load_program(module)
+        t1 = time.perf_counter()
+        self.session.run(ANALYSIS_SCHEDULE)
+        t2 = time.perf_counter()
+        self._loaded, self._ix, self._done = module, ix, {}
+        self.timings = {"insert_ms": 1e3 * (t1 - t0), "analysis_ms": 1e3 * (t2 - t1), "rule_ms": {}}
+        return ix
+
+    def sites_of(self, rule, module: LeirModule) -> list[Site]:
+        """Sites of one rule (its own schedule; program facts and analyses are reused)."""
+        self.add([rule])
+        ix = self._load(module)
+        hit = self._done.get(rule.key)
+        if hit is not None:
+            return hit
+        cr = self.compiled[rule.key]
+        t0 = time.perf_counter()
+        self.session.run(cr.schedule)
+        sites = rows_to_sites(cr, self.session.rows(cr.relation), ix)
+        if cr.checks:
+            sites = [x for x in sites if _checks_hold(cr, x, module)]
+        self.timings["rule_ms"][rule.id] = 1e3 * (time.perf_counter() - t0)
+        self._done[rule.key] = sites
+        return sites
+
+    def sites(self, module: LeirModule, rules: list | None = None) -> dict[str, list[Site]]:
+        """Every match site of every rule (rule id -> sorted sites)."""
+        return {r.id: self.sites_of(r, module) for r in (self.rules if rules is None else rules)}
+
+
+def _checks_hold(cr: CompiledRule, site: Site, module: LeirModule) -> bool:
+    """Evaluate a rule's ``{check: ...}`` conditions on one site (Python, after egglog)."""
+    from .primitives import EvalContext, ValueExprError, eval_value
+
+    ctx = EvalContext(module, site.env)
+    for c in cr.checks:
         try:
-            ix = s.load_program(module)
-            t1 = time.perf_counter()
-            s.run(SCHEDULE)
-            t2 = time.perf_counter()
-            out = {}
-            for rule, cr in zip(self.rules, self.compiled):
-                rows = s.rows(cr.relation)
-                out[rule.id] = rows_to_sites(cr, rows, ix)
-            t3 = time.perf_counter()
-        finally:
-            s.run("(pop)")
-        self.timings = {"insert_ms": 1e3 * (t1 - t0), "run_ms": 1e3 * (t2 - t1), "list_ms": 1e3 * (t3 - t2)}
-        return out
+            if not eval_value(c, ctx):
+                return False
+        except ValueExprError:
+            return False
+    return True
 
 
 def rows_to_sites(cr: CompiledRule, rows: list[list], ix: ProgramIndex) -> list[Site]:
@@ -570,29 +719,34 @@ def rows_to_sites(cr: CompiledRule, rows: list[list], ix: ProgramIndex) -> list[
     return out
 
 
-_MATCHERS: "OrderedDict[tuple, Matcher]" = OrderedDict()
 _SITES: "OrderedDict[tuple, list[Site]]" = OrderedDict()
+_MATCHER: Matcher | None = None
+
+
+def shared_matcher() -> Matcher:
+    """The process-wide :class:`Matcher` (rules are added on first use)."""
+    global _MATCHER
+    if _MATCHER is None:
+        _MATCHER = Matcher()
+    elif len(_MATCHER.compiled) > 256:      # bound the e-graph's rule set
+        _MATCHER = Matcher()
+    return _MATCHER
 
 
 def matcher_for(rules: list) -> Matcher:
-    """A cached :class:`Matcher` for exactly these rules (by content key)."""
-    key = tuple(r.key for r in rules)
-    m = _MATCHERS.get(key)
-    if m is None:
-        m = Matcher(rules)
-        _MATCHERS[key] = m
-        while len(_MATCHERS) > 16:
-            _MATCHERS.popitem(last=False)
-    else:
-        _MATCHERS.move_to_end(key)
+    """The shared :class:`Matcher`, with ``rules`` loaded."""
+    m = shared_matcher()
+    m.add(rules)
     return m
 
 
 def find_sites_many(rules: list, module: LeirModule) -> dict[str, list[Site]]:
-    """Match several rules in one e-graph run (rule id -> sites); results are cached."""
-    out = matcher_for(rules).sites(module)
+    """Sites of several rules on one program (rule id -> sites): the program is inserted
+    and analysed once, each rule runs in its own schedule; results are cached."""
+    m = matcher_for(rules)
+    out = {}
     for r in rules:
-        _remember((r.key, module), out[r.id])
+        out[r.id] = find_sites(r, module, m)
     return out
 
 
@@ -602,46 +756,33 @@ def _remember(key, sites):
         _SITES.popitem(last=False)
 
 
-#: Rules recently passed to :func:`find_sites` (key -> rule), matched together so a program
-#: is inserted into one e-graph once for all of them (the dataset loop asks rule by rule).
-_GROUP: "OrderedDict[str, Any]" = OrderedDict()
-_GROUP_MAX = 64
-
-
-def find_sites(rule, module: LeirModule) -> list[Site]:
+def find_sites(rule, module: LeirModule, matcher: Matcher | None = None) -> list[Site]:
     """Every match site of ``rule`` in ``module`` (deterministic order).
 
-    Preconditions (``where:``) are evaluated by egglog on the program's facts; parameter
-    domains are not (a site whose parameter domain is empty is still listed, see
-    :func:`steptp.engine.apply.list_candidates`). Results are cached per (rule, program);
-    on a miss, every rule recently passed here is matched in the same e-graph run and
-    cached too, so asking rule after rule about one program inserts it only once.
+    Preconditions (``where:``) are evaluated by egglog on the program's facts, then the
+    ``{check: ...}`` conditions in Python; parameter domains are not (a site whose
+    parameter domain is empty is still listed, see
+    :func:`steptp.engine.apply.list_candidates`). Results are cached per (rule, program).
+    The program's facts and analyses are shared by every rule asked about it in a row;
+    each rule's own query runs in its own schedule, so one slow rule costs only itself.
     """
     key = (rule.key, module)
     hit = _SITES.get(key)
     if hit is not None:
         _SITES.move_to_end(key)
         return hit
-    _GROUP[rule.key] = rule
-    _GROUP.move_to_end(rule.key)
-    while len(_GROUP) > _GROUP_MAX:
-        _GROUP.popitem(last=False)
-    group = sorted(_GROUP.values(), key=lambda r: r.key)
-    if len({r.id for r in group}) != len(group):      # two versions of one rule id: match alone
-        group = [rule]
-    out = matcher_for(group).sites(module)
-    for r in group:
-        _remember((r.key, module), out[r.id])
-    return out[rule.id]
+    sites = (matcher or shared_matcher()).sites_of(rule, module)
+    _remember(key, sites)
+    return sites
 
 
 def clear_caches() -> None:
-    """Forget cached matchers, compiled rules and site lists."""
-    _MATCHERS.clear()
+    """Forget the shared matcher, compiled rules and site lists."""
+    global _MATCHER
+    _MATCHER = None
     _SITES.clear()
     _COMPILED.clear()
-    _GROUP.clear()
 
 
 __all__ = ["CompileError", "Site", "display", "IMPLICIT", "CompiledRule", "compile_rule", "check_in_egglog", "Matcher",
-           "rows_to_sites", "matcher_for", "find_sites", "find_sites_many", "clear_caches"]
+           "rows_to_sites", "matcher_for", "shared_matcher", "find_sites", "find_sites_many", "clear_caches"]

@@ -53,6 +53,20 @@ class PVar:
         return "?" + self.name
 
 
+@dataclass(frozen=True)
+class PSplice:
+    """A list metavariable ``*?name`` spliced into a list: a tensor's subscript list
+    (``?X_{*?S}``, ``?R_{*?S,?ci}``), a loop list (``*?pre L^{4}_{?i=0} *?post``) or a
+    nest's loops (``*?L[...]``). In a match pattern it may only end a subscript list and
+    binds the remaining entries (egglog sort ``TL``); in a template its value (a tuple of
+    loops or of subscript expressions, see ``rules/README.md``) is inserted in place."""
+
+    name: str
+
+    def __str__(self) -> str:  # pragma: no cover - debugging aid
+        return "*?" + self.name
+
+
 # ---------------------------------------------------------------------------
 # Tokenizer
 # ---------------------------------------------------------------------------
@@ -132,6 +146,18 @@ class _Parser:
     def wildcard(self) -> PVar:
         self.n_wild += 1
         return PVar(f"{self.wild}{self.n_wild}")
+
+    def at_splice(self) -> bool:
+        """True at a list splice ``*?name``."""
+        return self.at("*") and self.peek(1).kind == "mvar"
+
+    def splice(self) -> PSplice:
+        self.next()
+        return PSplice(self.next().text[1:])
+
+    def sub_item(self):
+        """One subscript entry: an expression or a splice ``*?S``."""
+        return self.splice() if self.at_splice() else self.expr()
 
     def done(self):
         if self.peek().kind != "eof":
@@ -271,10 +297,10 @@ class _Parser:
             elif self.at("_") and not seen_sub:
                 self.next()
                 self.expect("{")
-                items = [self.expr()]
+                items = [self.sub_item()]
                 while self.at(","):
                     self.next()
-                    items.append(self.expr())
+                    items.append(self.sub_item())
                 self.expect("}")
                 indices = tuple(items)
                 seen_sub = True
@@ -344,8 +370,8 @@ class _Parser:
 
     def loops(self) -> tuple:
         out = []
-        while self.at_loop():
-            out.append(self.loop())
+        while self.at_loop() or self.at_splice():
+            out.append(self.splice() if self.at_splice() else self.loop())
         return tuple(out)
 
     def equation(self):
@@ -360,13 +386,13 @@ class _Parser:
         self.expect("[")
         body = []
         while not self.at("]"):
-            if self.at_loop() or (self.at("[")):
+            if self.at_loop() or self.at("[") or self.at_splice():
                 body.append(self.nest())
             else:
                 body.append(self.equation())
                 self.expect(";")
         self.expect("]")
-        if self.at_loop():  # correction form LOOPS1[..]LOOPS2[..];
+        if self.at_loop() or self.at_splice():  # correction form LOOPS1[..]LOOPS2[..];
             body.append(self.nest())
             return A.Nest(loops, tuple(body))
         self.expect(";")
@@ -414,6 +440,8 @@ def parse_nest_pattern(src: str, wild: str = "_w"):
 # ---------------------------------------------------------------------------
 
 TERM, STRING, INT = "Term", "String", "Int"
+#: Sorts of list splices: a subscript list (egglog ``TL``) and a loop list (templates only).
+SUBS, LOOPS = "TL", "Loops"
 
 
 def iter_nodes(p) -> Iterator[Any]:
@@ -441,7 +469,7 @@ def iter_nodes(p) -> Iterator[Any]:
         for x in p:
             yield from iter_nodes(x)
     else:
-        for c in A.children(p) if not isinstance(p, (PVar, str, int, float)) else ():
+        for c in A.children(p) if not isinstance(p, (PVar, PSplice, str, int, float)) else ():
             yield from iter_nodes(c)
 
 
@@ -470,6 +498,9 @@ def metavar_sorts(p, sorts: dict[str, str] | None = None, where: str = "pattern"
         if isinstance(x, PVar):
             (terms if pos == "term" else strong).append((x, pos))
             return
+        if isinstance(x, PSplice):
+            strong.append((PVar(x.name), LOOPS if pos == LOOPS else SUBS))
+            return
         if isinstance(x, A.Tensor):
             visit(x.name, STRING)
             visit(x.dtype, STRING)
@@ -490,12 +521,12 @@ def metavar_sorts(p, sorts: dict[str, str] | None = None, where: str = "pattern"
             visit(x.value)
         elif isinstance(x, A.Nest):
             for l in x.loops:
-                visit(l)
+                visit(l, LOOPS)
             for b in x.body:
                 visit(b)
         elif isinstance(x, tuple):
             for y in x:
-                visit(y)
+                visit(y, LOOPS if isinstance(y, (A.Loop, PSplice)) else pos)
         elif isinstance(x, (str, int, float)) or x is None:
             return
         else:
@@ -512,10 +543,11 @@ def metavar_sorts(p, sorts: dict[str, str] | None = None, where: str = "pattern"
 
 
 def metavars(p) -> list[str]:
-    """Names of the metavariables of ``p`` in first-occurrence order (wildcards included)."""
+    """Names of the metavariables of ``p`` in first-occurrence order (wildcards and list
+    splices ``*?S`` included)."""
     seen: dict[str, None] = {}
     for n in iter_nodes(p):
-        if isinstance(n, PVar):
+        if isinstance(n, (PVar, PSplice)):
             seen.setdefault(n.name, None)
     return list(seen)
 
@@ -560,8 +592,16 @@ def to_sexp(p, sorts: dict[str, str]) -> str:
     if isinstance(p, A.Index):
         return f"(IDX {sx_str(p.name)})"
     if isinstance(p, A.Tensor):
+        idx = list(p.indices)
+        tail = "(TNil)"
+        if idx and isinstance(idx[-1], PSplice):
+            tail = qvar(idx.pop().name)
+        if any(isinstance(i, PSplice) for i in idx):
+            raise PatternError("a subscript splice *?S may only end a subscript list in a match pattern")
         return (f"(TNS {_str_slot(p.name)} {_str_slot(p.dtype)} {_str_slot(p.scope)} "
-                f"{list_sexp([to_sexp(i, sorts) for i in p.indices])})")
+                f"{list_sexp([to_sexp(i, sorts) for i in idx], tail)})")
+    if isinstance(p, PSplice):
+        raise PatternError(f"the splice *?{p.name} may only appear in a subscript or loop list")
     if isinstance(p, A.Neg):
         return f"(NEG {to_sexp(p.operand, sorts)})"
     if isinstance(p, A.Not):
@@ -589,9 +629,10 @@ def _str_slot(x) -> str:
     return qvar(x.name) if isinstance(x, PVar) else sx_str(str(x))
 
 
-def list_sexp(items: list[str]) -> str:
-    """egglog cons list ``(TCons a (TCons b (TNil)))`` of compiled items."""
-    out = "(TNil)"
+def list_sexp(items: list[str], tail: str = "(TNil)") -> str:
+    """egglog cons list ``(TCons a (TCons b (TNil)))`` of compiled items (``tail``: a
+    ``TL`` query variable for a trailing splice)."""
+    out = tail
     for it in reversed(items):
         out = f"(TCons {it} {out})"
     return out
@@ -669,10 +710,36 @@ def eval_int(e, env: dict) -> int:
     raise TemplateError(f"not an integer expression: {e!r}")
 
 
+def _splice_items(v: PSplice, env: dict, what: str) -> tuple:
+    x = _lookup(env, PVar(v.name))
+    if what == "loops":
+        if isinstance(x, A.Loop):
+            return (x,)
+        if isinstance(x, (tuple, list)) and all(isinstance(l, A.Loop) for l in x):
+            return tuple(x)
+        raise TemplateError(f"*?{v.name} must be a loop list here, got {x!r}")
+    if isinstance(x, (tuple, list)):
+        return tuple(value_to_expr(i) for i in x)
+    raise TemplateError(f"*?{v.name} must be a subscript list here, got {x!r}")
+
+
+def _instantiate_loops(items, env: dict) -> tuple:
+    out: list = []
+    for x in items:
+        if isinstance(x, PSplice):
+            out.extend(_splice_items(x, env, "loops"))
+        else:
+            out.append(instantiate(x, env))
+    return tuple(out)
+
+
 def instantiate(p, env: dict):
-    """Fill template ``p`` (expression, tensor, loop, equation or nest) with ``env``."""
+    """Fill template ``p`` (expression, tensor, loop, equation or nest) with ``env``.
+    List splices ``*?S`` insert the items of a tuple binding (subscripts or loops)."""
     if isinstance(p, PVar):
         return value_to_expr(_lookup(env, p))
+    if isinstance(p, PSplice):
+        raise TemplateError(f"the splice *?{p.name} may only appear in a subscript or loop list")
     if isinstance(p, A.Tensor):
         name = _as_str(_lookup(env, p.name), "a tensor name") if isinstance(p.name, PVar) else p.name
         if isinstance(p.dtype, PVar) and p.dtype.name.startswith("_") or \
@@ -680,7 +747,10 @@ def instantiate(p, env: dict):
             raise TemplateError(f"tensor {name} in a template needs an explicit ^{{dtype,scope}}")
         dt = _as_str(_lookup(env, p.dtype), "a dtype") if isinstance(p.dtype, PVar) else p.dtype
         sc = _as_str(_lookup(env, p.scope), "a scope") if isinstance(p.scope, PVar) else p.scope
-        return A.Tensor(name, dt, sc, tuple(instantiate(i, env) for i in p.indices))
+        idx: list = []
+        for i in p.indices:
+            idx.extend(_splice_items(i, env, "subscripts") if isinstance(i, PSplice) else (instantiate(i, env),))
+        return A.Tensor(name, dt, sc, tuple(idx))
     if isinstance(p, A.Loop):
         kind = _as_str(_lookup(env, p.kind), "a loop kind") if isinstance(p.kind, PVar) else p.kind
         var = _as_str(_lookup(env, p.var), "a loop index") if isinstance(p.var, PVar) else p.var
@@ -696,8 +766,10 @@ def instantiate(p, env: dict):
             raise TemplateError("an equation target must be a tensor")
         return A.Assign(t, instantiate(p.value, env))
     if isinstance(p, A.Nest):
-        return A.Nest(tuple(instantiate(l, env) for l in p.loops), tuple(instantiate(b, env) for b in p.body))
+        return A.Nest(_instantiate_loops(p.loops, env), tuple(instantiate(b, env) for b in p.body))
     if isinstance(p, tuple):
+        if any(isinstance(x, (A.Loop, PSplice)) for x in p):
+            return _instantiate_loops(p, env)
         return tuple(instantiate(x, env) for x in p)
     kids = A.children(p)
     if kids:
@@ -747,9 +819,17 @@ def _match(p, n, env, sorts) -> bool:
                     return False
             elif a != b:
                 return False
-        if len(p.indices) != len(n.indices):
+        pidx = p.indices
+        if pidx and isinstance(pidx[-1], PSplice):
+            k = len(pidx) - 1
+            if len(n.indices) < k or not _bind(env, PVar(pidx[-1].name), tuple(n.indices[k:])):
+                return False
+            pidx, nidx = pidx[:k], n.indices[:k]
+        else:
+            nidx = n.indices
+        if len(pidx) != len(nidx):
             return False
-        return all(_match(a, b, env, sorts) for a, b in zip(p.indices, n.indices))
+        return all(_match(a, b, env, sorts) for a, b in zip(pidx, nidx))
     if isinstance(p, A.Loop):
         for a, b in ((p.kind, n.kind), (p.extent, n.extent), (p.var, n.var)):
             if isinstance(a, PVar):
@@ -775,7 +855,7 @@ def _match(p, n, env, sorts) -> bool:
 
 
 __all__ = [
-    "PatternError", "TemplateError", "PVar", "Tok", "tokenize",
+    "PatternError", "TemplateError", "PVar", "PSplice", "SUBS", "LOOPS", "Tok", "tokenize",
     "parse_expr_pattern", "parse_loops_pattern", "parse_equation_pattern", "parse_nest_pattern",
     "TERM", "STRING", "INT", "metavar_sorts", "metavars", "iter_nodes",
     "sx_str", "float_key", "qvar", "to_sexp", "loop_sexp", "list_sexp",

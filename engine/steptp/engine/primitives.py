@@ -377,6 +377,9 @@ class _ValueParser:
         return a
 
     def cmp(self):
+        if self.p.peek().kind == "word" and self.p.peek().text == "not":
+            self.p.next()
+            return ("not", self.cmp())
         a = self.sum()
         t = self.p.peek()
         if t.kind == "op" and t.text in ("<", "<=", ">", ">=", "==", "!="):
@@ -441,6 +444,8 @@ def value_vars(tree) -> set[str]:
         return set().union(*[value_vars(a) for a in tree[2]]) if tree[2] else set()
     if kind in ("and", "or"):
         return value_vars(tree[1]) | value_vars(tree[2])
+    if kind == "not":
+        return value_vars(tree[1])
     if kind == "cmp":
         return value_vars(tree[2]) | value_vars(tree[3])
     return set()
@@ -473,6 +478,8 @@ def _eval_tree(t, ctx: EvalContext):
         return bool(_eval_tree(t[1], ctx)) and bool(_eval_tree(t[2], ctx))
     if kind == "or":
         return bool(_eval_tree(t[1], ctx)) or bool(_eval_tree(t[2], ctx))
+    if kind == "not":
+        return not bool(_eval_tree(t[1], ctx))
     if kind == "cmp":
         a, b = _eval_tree(t[2], ctx), _eval_tree(t[3], ctx)
         try:

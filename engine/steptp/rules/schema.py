@@ -84,6 +84,8 @@ _WHERE_ITEM = {
         {"type": "string", "minLength": 1},
         {"type": "object", "required": ["term", "pattern"], "additionalProperties": False,
          "properties": {"term": _MVAR, "pattern": {"type": "string", "minLength": 1}}},
+        {"type": "object", "required": ["check"], "additionalProperties": False,
+         "properties": {"check": {"type": "string", "minLength": 1}}},
     ]
 }
 
