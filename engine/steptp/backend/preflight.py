@@ -19,6 +19,8 @@ and loop, not a TIR node):
   - one thread tag bound twice on one loop path;
   - an equation under no thread binding (TVM silently emits it as host code that would
     touch device memory);
+  - a parallel or vectorized loop outside the kernel's bindings (host code around a
+    kernel launch: ``tvm.compile(target=cuda)`` fails its thread-scope check);
   - a bound loop whose iterations (threads, blocks) touch the same element of a tensor
     written inside it: a reduction over ``blockIdx``, a race, or a read of another
     thread's value in the same step (the GPU's answer then differs from the sequential
@@ -414,6 +416,10 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
                             "TVM would silently run it as host code on device memory")
             continue
         root = bound[0][0]
+        host = [l for lid, l in c.loops[:[x for x, _ in c.loops].index(root)] if l.kind in ("P", "V")]
+        if host:
+            problems.append(f"{_KIND_WORD[host[0].kind]} loop {host[0].var} (nest {c.nest}) runs on the host around "
+                            "a kernel launch: TVM's CUDA code generation rejects it (only serial/unrolled host loops)")
         kernels.setdefault(root, []).append(c)
         kernel_nest[root] = c.nest
         tags: dict[str, str] = {}

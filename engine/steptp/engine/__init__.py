@@ -9,9 +9,10 @@ Public API::
 """
 
 from . import values as _values  # noqa: F401 - registers the rule-language value functions
-from .apply import NoMatch, Step, apply_rule, check_rule, list_candidates
+from .apply import (NoMatch, PreflightRejected, Step, apply_rule, check_rule, checked_candidates, list_candidates,
+                    new_preflight_problems)
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError
 
-__all__ = ["NoMatch", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",
+__all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",
            "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]

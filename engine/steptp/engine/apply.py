@@ -38,6 +38,49 @@ class NoMatch(LookupError):
     """The rule matches nothing in the program (or not at the requested site)."""
 
 
+class PreflightRejected(RewriteError):
+    """The rewrite is well-formed LEIR but the result fails the backend's GPU preflight
+    (:func:`steptp.backend.preflight.preflight`: thread limits, one binding per axis,
+    scopes, parallel/vector hazards) where the input passed it. ``problems`` lists the
+    new reasons."""
+
+    def __init__(self, message: str, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(message)
+
+
+_PREFLIGHT_CACHE: dict = {}
+
+
+def gpu_preflight_problems(module: LeirModule) -> list[str]:
+    """Every GPU preflight problem of a program (:mod:`steptp.backend.preflight`:
+    ``loop_hazards`` + ``gpu_problems``), cached per program; [] when it passes."""
+    hit = _PREFLIGHT_CACHE.get(module)
+    if hit is not None:
+        return hit
+    from ..backend.errors import BackendError
+    from ..backend.preflight import analyze_or_raise, gpu_problems, loop_hazards
+
+    try:
+        info = analyze_or_raise(module.program, module.signature)
+        probs = loop_hazards(module.program, module.signature, info) + \
+            gpu_problems(module.program, module.signature, info=info)
+    except BackendError as e:
+        probs = [str(e)]
+    if len(_PREFLIGHT_CACHE) > 256:
+        _PREFLIGHT_CACHE.clear()
+    _PREFLIGHT_CACHE[module] = probs
+    return probs
+
+
+def new_preflight_problems(before: LeirModule, after: LeirModule) -> list[str]:
+    """Preflight problems of ``after`` that ``before`` does not have (a rewrite must not
+    make a buildable program unbuildable; a program that already fails keeps its own
+    problems, which are not blamed on the rule)."""
+    old = set(gpu_preflight_problems(before))
+    return [p for p in gpu_preflight_problems(after) if p not in old]
+
+
 @dataclass(frozen=True)
 class Step:
     """One verified-to-be-well-formed transformation step.
@@ -148,21 +191,47 @@ def _normalize_param(v):
     return v
 
 
-def list_candidates(rule, module: LeirModule) -> list[tuple[Site, dict]]:
+def list_candidates(rule, module: LeirModule, check: bool = False) -> list[tuple[Site, dict]]:
     """Every (site, params) pair the rule can be applied with, deterministic order.
 
     Sites come from :func:`~steptp.engine.match.find_sites`; parameters are the full
     product of their domains (e.g. loop_split: every proper divisor of the extent;
-    loop_reorder: every non-identity permutation). Raises :class:`NoMatch` when there is
-    none.
+    loop_reorder: every non-identity permutation). With ``check=True`` each candidate is
+    applied and only those whose result is valid and passes the GPU preflight are kept
+    (what ``stp apply --all`` lists; see :func:`checked_candidates`). Raises
+    :class:`NoMatch` when there is none.
     """
     rule = _as_rule(rule)
     out = []
     for s in find_sites(rule, module):
         for p in _enumerate_params(rule, dict(s.env), module, list(rule.params), {}):
             out.append((s, p))
+    if check and out:
+        rows = checked_candidates(rule, module, out)
+        kept = [(s, p) for s, p, step, _ in rows if step is not None]
+        if not kept:
+            raise NoMatch(_no_match_message(rule, module, f"all {len(out)} candidate(s) are rejected: {rows[0][3]}"))
+        return kept
     if not out:
         raise NoMatch(_no_match_message(rule, module))
+    return out
+
+
+def checked_candidates(rule, module: LeirModule, candidates=None) -> list[tuple[Site, dict, "Step | None", str | None]]:
+    """Apply every candidate: ``(site, params, step, None)`` when the result is valid and
+    passes the GPU preflight, ``(site, params, None, reason)`` otherwise."""
+    rule = _as_rule(rule)
+    if candidates is None:
+        try:
+            candidates = list_candidates(rule, module)
+        except NoMatch:
+            return []
+    out = []
+    for s, p in candidates:
+        try:
+            out.append((s, p, apply_rule(rule, module, site=s, params=p), None))
+        except (RewriteError, NoMatch, ValueError) as e:
+            out.append((s, p, None, str(e)))
     return out
 
 
@@ -226,6 +295,28 @@ def apply_rule(rule, module: LeirModule, seed: int = 0, site=None, params: dict 
         RewriteError: the rewrite is ill-formed or yields an invalid / unchanged program.
     """
     rule = _as_rule(rule)
+    try:
+        return _apply_once(rule, module, seed, site, params)
+    except PreflightRejected as e:
+        if site is not None:
+            raise
+        first = e
+    # the seeded draw failed the GPU preflight: try the other candidates in a seeded order
+    fixed = {k: _normalize_param(v) for k, v in (params or {}).items()}
+    cands = [(s, p) for s, p in list_candidates(rule, module)
+             if all(p.get(k) == v for k, v in fixed.items())]
+    order = list(range(len(cands)))
+    _rng(rule.id + ":retry", seed).shuffle(order)
+    for k in order:
+        s, p = cands[k]
+        try:
+            return _apply_once(rule, module, seed, s, p)
+        except (PreflightRejected, RewriteError, NoMatch):
+            continue
+    raise NoMatch(_no_match_message(rule, module, f"every candidate fails the GPU preflight, e.g. {first}"))
+
+
+def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) -> Step:
     sites = find_sites(rule, module)
     if not sites:
         raise NoMatch(_no_match_message(rule, module))
@@ -299,6 +390,10 @@ def apply_rule(rule, module: LeirModule, seed: int = 0, site=None, params: dict 
         analyze(new_prog, module.signature)
     except LeirSemanticError as e:
         raise RewriteError(f"rule '{rule.id}' at {chosen} produced an invalid program: {e}") from None
+    probs = new_preflight_problems(module, after)
+    if probs:
+        raise PreflightRejected(f"rule '{rule.id}' at {chosen} with {chosen_params or 'no parameters'} fails the GPU "
+                                f"preflight: {'; '.join(probs)}", probs)
 
     from ..cot import render_cot
 
@@ -437,4 +532,5 @@ def check_rule(rule, source: str | None = None) -> None:
                 _raise(src, f"tests[{t.index}].params.{k}", f"the rule has no parameter {k!r}")
 
 
-__all__ = ["NoMatch", "Step", "list_candidates", "apply_rule", "check_rule"]
+__all__ = ["NoMatch", "PreflightRejected", "Step", "list_candidates", "checked_candidates", "apply_rule", "check_rule",
+           "gpu_preflight_problems", "new_preflight_problems"]

@@ -985,11 +985,31 @@ def prim_rename_tensor(ctx: RewriteContext, tensor, to):
     ctx.changes.append(Change("rename", name, new, name, {"occurrences": n}))
 
 
-@primitive("replace_all", required=("pattern", "with"), optional=("nest",),
+@primitive("set_loops", positional="loops", required=("loops",), optional=("nest",), template_args={"loops": "loops"})
+def prim_set_loops(ctx: RewriteContext, loops, nest=None):
+    """Replace a nest's whole loop list (default: the site's nest) by a loops template,
+    which may splice loop-list values: ``"*?pre L^{?n/?f}_{?co=0}L^{?f}_{?ci=0} *?post"``
+    with ``?pre``/``?post`` from ``slice(loops_of(?nest), ...)``. Equations are not
+    touched (combine with ``substitute_index``)."""
+    path = ctx.nest_ref(nest) if nest is not None else ctx.site_nest()
+    n = get_nest(ctx.program, path)
+    new = tuple(_instantiate(ctx, "loops", loops))
+    if not new:
+        raise RewriteError("set_loops: a nest needs at least one loop")
+    vars_ = [l.var for l in new]
+    if len(set(vars_)) != len(vars_):
+        raise RewriteError(f"set_loops: duplicate loop index in {format_loops(new)}")
+    ctx.program = replace_item(ctx.program, path, A.Nest(new, n.body))
+    ctx.changes.append(Change("loops", format_loops(n.loops), format_loops(new), str(NestRef(path))))
+
+
+@primitive("replace_all", required=("pattern", "with"), optional=("nest", "in_subscripts"),
            template_args={"pattern": "expr", "with": "expr"})
-def prim_replace_all(ctx: RewriteContext, pattern, nest=None, **kw):
+def prim_replace_all(ctx: RewriteContext, pattern, nest=None, in_subscripts=False, **kw):
     """Replace every value-position subterm matching ``pattern`` (in the whole program or
-    one nest) by the ``with`` template; the pattern's metavariables extend the bindings."""
+    one nest) by the ``with`` template; the pattern's metavariables extend the bindings.
+    ``in_subscripts: true`` also rewrites inside tensor subscripts (index arithmetic such
+    as ``?o*?f+?i``), equation targets included."""
     template = kw["with"]
     pat = P.parse_expr_pattern(pattern)
     sorts = P.metavar_sorts(pat)
@@ -1005,15 +1025,19 @@ def prim_replace_all(ctx: RewriteContext, pattern, nest=None, **kw):
                 return P.instantiate(tpl, env)
             except P.TemplateError as err:
                 raise RewriteError(str(err)) from None
-        if isinstance(e, A.Tensor):
+        if isinstance(e, A.Tensor) and not in_subscripts:
             return e
         kids = A.children(e)
         return A.rebuild(e, tuple(rewrite(c) for c in kids)) if kids else e
 
+    def fix_target(t: A.Tensor) -> A.Tensor:
+        return t.with_indices(tuple(rewrite(i) for i in t.indices)) if in_subscripts else t
+
     def fix_nest(n: A.Nest) -> A.Nest:
         body = []
         for item in n.body:
-            body.append(A.Assign(item.target, rewrite(item.value)) if isinstance(item, A.Assign) else fix_nest(item))
+            body.append(A.Assign(fix_target(item.target), rewrite(item.value)) if isinstance(item, A.Assign)
+                        else fix_nest(item))
         return A.Nest(n.loops, tuple(body))
 
     if nest is not None:
