@@ -795,7 +795,13 @@ def match_node(p, node, env: dict | None = None, sorts: dict[str, str] | None = 
 
 def _bind(env, v: PVar, value) -> bool:
     if v.name in env:
-        return env[v.name] == value
+        old = env[v.name]
+        if old == value:
+            return True
+        # a name / integer binding (loop index, extent) equals the index / literal node
+        if isinstance(old, (str, int)) and not isinstance(old, bool) and isinstance(value, (A.Index, A.Int)):
+            return value_to_expr(old) == value
+        return False
     env[v.name] = value
     return True
 

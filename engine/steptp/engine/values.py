@@ -15,7 +15,8 @@ Families:
   ``with_index``, ``indices_of``, ``keep_loops``, ``loop_pos``.
 * **Terms**: ``subscripts_of`` (a tensor term's subscript list), ``free_indices`` (loop
   indices a term or list uses, first-occurrence order), ``index_only_in`` (every use of
-  an index lies inside a given term), ``tensor_name``.
+  an index lies inside a given term), ``tensor_name``, ``tensors_of`` (tensor names a
+  term reads, subscripts included).
 * **Shapes**: ``shape_of(X, d)``, ``rank_of(X)`` (signature or inferred shape).
 * **GPU**: ``bound_axes(N)`` (thread/block axes bound in the kernel around nest ``N``),
   ``threads_per_block(N)``, ``axis_limit(ax)``, ``is_thread_axis(ax)``,
@@ -350,6 +351,7 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "free_indices": (1, lambda ctx, t: free_indices(t)),
     "index_only_in": (3, _index_only_in),
     "tensor_name": (1, lambda ctx, t: t.name if isinstance(t, A.Tensor) else _name(t)),
+    "tensors_of": (1, lambda ctx, t: tuple(dict.fromkeys(x.name for x in A.walk(t) if isinstance(x, A.Tensor)))),
     # shapes and counts
     "shape_of": (2, _shape_of),
     "rank_of": (1, lambda ctx, x: len(_shape(ctx, x))),
