@@ -134,7 +134,7 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the transformed .leir here."),
           do_verify: bool = typer.Option(False, "--verify", help="Also verify the step numerically.")):
     """Apply one rule at one site: print the transformed LEIR and its chain of thought."""
-    from .engine import NoMatch, apply_rule, list_candidates
+    from .engine import NoMatch, RewriteError, apply_rule, list_candidates
     from .leir import format_program, save_leir
     from .rules import RuleError, load_rule
 
@@ -149,6 +149,19 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
         _fail(str(e), 1)
     if not cands:
         _fail(f"rule {r.id} does not match {program}", 1)
+    if all_ or site is not None:
+        # list (and index) only candidates whose result is valid and passes the GPU preflight
+        from .engine import checked_candidates
+
+        rows = checked_candidates(r, m, cands)
+        cands = [(s, p) for s, p, st, _ in rows if st is not None]
+        rejected = [(s, p, why) for s, p, st, why in rows if st is None]
+        if rejected:
+            typer.echo(f"{len(rejected)} candidate(s) omitted (invalid result or GPU preflight), e.g. "
+                       f"site={rejected[0][0]} params={json.dumps(rejected[0][1], default=str)}: {rejected[0][2]}",
+                       err=True)
+        if not cands:
+            _fail(f"rule {r.id}: every candidate in {program} is rejected", 1)
     if all_:
         for i, (s, params) in enumerate(cands):
             typer.echo(f"[{i}] site={s} params={json.dumps(params, default=str)}")
@@ -162,6 +175,8 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
     try:
         step = apply_rule(r, m, seed=seed, site=chosen, params=params)
     except NoMatch as e:
+        _fail(str(e), 1)
+    except RewriteError as e:
         _fail(str(e), 1)
     typer.echo(format_program(step.after.program))
     typer.echo("")
@@ -261,15 +276,103 @@ def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for t
 
 
 @rules_app.command("list")
-def rules_list():
-    """List the shipped rules with category and difficulty."""
-    from .dataset.difficulty import difficulty_level, difficulty_score
-    from .rules import load_rules
+def rules_list(directory: Optional[Path] = typer.Option(None, "--dir", help="Rule directory (default: shipped).")):
+    """List the rules: id, category, K, P, S, score (paper eq. 1) and level."""
+    from .rules import RuleError, load_rules
+    from .rules.tools import rule_rows
 
-    for r in load_rules():
-        d = r.difficulty
-        s = difficulty_score(d["K"], d["P"], d["S"])
-        typer.echo(f"{r.id:28} {r.category:9} score {s:4.1f} {difficulty_level(s)}")
+    try:
+        rows = rule_rows(load_rules(directory))
+    except RuleError as e:
+        _fail(str(e))
+    w = max([len("id")] + [len(r["id"]) for r in rows])
+    typer.echo(f"{'id':{w}}  {'category':8}  {'K':>2} {'P':>2} {'S':>2}  {'score':>5}  level")
+    for r in rows:
+        typer.echo(f"{r['id']:{w}}  {r['category']:8}  {r['K']:2d} {r['P']:2d} {r['S']:2d}  {r['score']:5.1f}  "
+                   f"{r['level']}")
+    typer.echo(f"{len(rows)} rule(s)")
+
+
+def _rule_files(files) -> list:
+    from .rules import RuleError, load_rule, load_rules
+
+    try:
+        return [load_rule(f) for f in files] if files else load_rules()
+    except (RuleError, FileNotFoundError) as e:
+        _fail(str(e))
+
+
+def _programs(inputs) -> list:
+    from .leir import LeirSyntaxError, load_leir
+
+    out = []
+    for i in inputs:
+        p = Path(i)
+        files = sorted(p.rglob("*.leir")) if p.is_dir() else [p]
+        if not p.exists():
+            _fail(f"{p}: no such file or directory")
+        for f in files:
+            try:
+                out.append(load_leir(f))
+            except LeirSyntaxError as e:
+                _fail(str(e))
+    return out
+
+
+@rules_app.command("lint")
+def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule files (default: all shipped)."),
+               program: Optional[List[Path]] = typer.Option(None, "--program",
+                                                            help=".leir files/directories; the largest is the "
+                                                                 "yardstick (default: examples/ if present)."),
+               slow_ms: float = typer.Option(1000.0, "--slow-ms", help="Warn above this matching time on the "
+                                                                       "scaled program."),
+               nests: int = typer.Option(120, "--nests", help="Scale the yardstick program to this many nests."),
+               strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings.")):
+    """Validate rule files and warn about preconditions whose matching cost explodes.
+
+    Each rule is loaded (schema, patterns, relations, templates, tests' LEIR) and matched on
+    the largest bundled program and on a copy scaled to --nests nests."""
+    from .rules.tools import largest_program, lint_rules
+
+    rules = _rule_files(files)
+    typer.echo(f"{len(rules)} rule file(s) load and validate")
+    paths = program or ([Path("examples")] if Path("examples").is_dir() else [])
+    mod = largest_program(paths) if paths else None
+    if mod is None:
+        typer.echo("no .leir program given (--program): matching cost not checked")
+        return
+    findings, fig = lint_rules(rules, mod, slow_ms=slow_ms, scale_nests=nests)
+    slowest = sorted(fig["big"]["rules"].items(), key=lambda kv: -kv[1])[:3]
+    typer.echo(f"matching on '{fig['program']}' ({fig['nests']} nests): {fig['small']['total_ms']:.1f} ms; "
+               f"scaled to {fig['scaled_nests']} nests: {fig['big']['total_ms']:.1f} ms (slowest: "
+               f"{', '.join(f'{k} {v:.1f} ms' for k, v in slowest)})")
+    for f in findings:
+        typer.echo(str(f))
+    if not findings:
+        typer.echo("no warnings")
+    elif strict:
+        raise typer.Exit(1)
+
+
+@rules_app.command("coverage")
+def rules_coverage(inputs: List[Path] = typer.Argument(..., help=".leir files or directories."),
+                   rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: shipped."),
+                   per_program: int = typer.Option(3, "--per-program", min=1,
+                                                   help="Candidates tried per rule and program."),
+                   seed: int = typer.Option(0, "--seed"),
+                   trials: int = typer.Option(3, "--trials", min=1),
+                   nvcc: bool = typer.Option(False, "--nvcc", help="Also run nvcc --ptx in the Build pass.")):
+    """Apply every rule to every program it matches, verify, and tabulate per strategy."""
+    from .rules.tools import coverage, format_coverage
+
+    rs = _rule_files(rules)
+    progs = _programs(inputs)
+    if not progs:
+        _fail("no .leir programs found")
+    rows = coverage(rs, progs, per_program=per_program, seed=seed, trials=trials, nvcc=nvcc)
+    typer.echo(format_coverage(rows))
+    if any(r.tried > r.equal for r in rows):
+        raise typer.Exit(1)
 
 
 @rules_app.command("test")
