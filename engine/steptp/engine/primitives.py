@@ -26,6 +26,7 @@ through value positions only (tensor subscripts are not entered).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -428,8 +429,10 @@ class _ValueParser:
         self.p.error(t, "expected a value")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_value(src: str):
-    """Parse a value expression (see :class:`_ValueParser`); raises PatternError."""
+    """Parse a value expression (see :class:`_ValueParser`); raises PatternError. The
+    tree is immutable (nested tuples) and cached per text."""
     return _ValueParser(src).parse()
 
 

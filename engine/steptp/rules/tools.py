@@ -101,6 +101,31 @@ def replicate(module: LeirModule, copies: int) -> LeirModule:
     return LeirModule(Signature(module.signature.name, tuple(decls)), A.Program(tuple(nests)))
 
 
+def merge_programs(modules: list[LeirModule], name: str = "merged") -> LeirModule:
+    """One program running ``modules`` one after another; the tensors of module ``j > 0``
+    are renamed ``X -> Xm<j>`` (signature entries too) so they stay independent."""
+    from ..engine.primitives import program_names
+
+    taken: set[str] = set()
+    for m in modules:
+        taken |= set(program_names(m))
+    nests: list = []
+    decls: list = []
+    for j, m in enumerate(modules):
+        if j == 0:
+            nests += list(m.program.nests)
+            decls += list(m.signature.tensors)
+            continue
+        rename, _ = _renamer(taken, f"m{j}")
+
+        def fix(e, rename=rename):
+            return A.Tensor(rename(e.name), e.dtype, e.scope, e.indices) if isinstance(e, A.Tensor) else e
+
+        nests += list(A.map_program_exprs(m.program, lambda e, fix=fix: A.transform(e, fix)).nests)
+        decls += [TensorDecl(rename(t.name), t.role, t.dtype, t.shape) for t in m.signature.tensors]
+    return LeirModule(Signature(name, tuple(decls)), A.Program(tuple(nests)))
+
+
 def scaled_to(module: LeirModule, nests: int) -> LeirModule:
     """The smallest replica of ``module`` with at least ``nests`` top-level nests."""
     n = max(1, len(module.program.nests))
@@ -277,5 +302,5 @@ def format_coverage(rows: list[CoverageRow], total: int = 43) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PAPER_STRATEGIES", "rule_rows", "replicate", "scaled_to", "match_cost", "LintFinding", "largest_program",
+__all__ = ["PAPER_STRATEGIES", "rule_rows", "replicate", "merge_programs", "scaled_to", "match_cost", "LintFinding", "largest_program",
            "lint_rules", "CoverageRow", "coverage", "format_coverage"]

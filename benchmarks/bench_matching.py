@@ -1,0 +1,79 @@
+"""Time to list the candidates of every shipped rule on a ~30-nest and a ~120-nest program.
+
+The ~30-nest program is every bundled example (examples/*.leir) run one after another
+(tensors renamed per example); the ~120-nest one is that program repeated four times.
+Each run starts from an unloaded program (facts inserted, analyses saturated) and lists
+the candidates (sites x parameters) of every rule; the script prints the median over
+--repeat runs, the shared load time and each rule's own time. Targets (issue 7): under
+100 ms for all rules on ~30 nests, no rule above 1 s on ~120 nests.
+
+    python benchmarks/bench_matching.py [--repeat 7] [--examples examples]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def run(rules, module, repeat: int) -> dict:
+    from steptp.engine import NoMatch, list_candidates
+    from steptp.engine import match as M
+
+    m = M.shared_matcher()
+    m.add(rules)
+    totals, loads = [], []
+    per: dict[str, list[float]] = {r.id: [] for r in rules}
+    counts: dict[str, int] = {}
+    for _ in range(repeat):
+        M._SITES.clear()
+        m._unload()
+        t0 = time.perf_counter()
+        m._load(module)
+        loads.append(1e3 * (time.perf_counter() - t0))
+        for r in rules:
+            t1 = time.perf_counter()
+            try:
+                counts[r.id] = len(list_candidates(r, module))
+            except NoMatch:
+                counts[r.id] = 0
+            per[r.id].append(1e3 * (time.perf_counter() - t1))
+        totals.append(1e3 * (time.perf_counter() - t0))
+    return {"total": statistics.median(totals), "load": statistics.median(loads),
+            "rules": {k: statistics.median(v) for k, v in per.items()}, "counts": counts}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--examples", default="examples")
+    args = ap.parse_args(argv)
+    from steptp.leir import load_leir
+    from steptp.rules import load_rules
+    from steptp.rules.tools import merge_programs, replicate
+
+    rules = load_rules()
+    mods = [load_leir(p) for p in sorted(Path(args.examples).glob("*.leir"))]
+    if not mods:
+        print(f"no .leir files in {args.examples}", file=sys.stderr)
+        return 2
+    small = merge_programs(mods, "examples")
+    big = replicate(small, 4)
+    run(rules, small, 1)  # warm-up: rule texts loaded into the e-graph, imports done
+    for prog in (small, big):
+        res = run(rules, prog, args.repeat)
+        n = len(prog.program.nests)
+        slow = max(res["rules"].items(), key=lambda kv: kv[1])
+        print(f"{n} nests, {len(rules)} rules: median {res['total']:.1f} ms to list all candidates "
+              f"(load + analyses {res['load']:.1f} ms; slowest rule {slow[0]} {slow[1]:.1f} ms; "
+              f"{sum(res['counts'].values())} candidates)")
+        for k, v in sorted(res["rules"].items(), key=lambda kv: -kv[1]):
+            print(f"    {k:28} {v:8.2f} ms  {res['counts'][k]:5d} candidates")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
