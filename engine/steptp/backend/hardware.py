@@ -66,10 +66,20 @@ MAX_THREADS_PER_BLOCK: int = DEFAULT_GPU.max_threads_per_block
 THREAD_LIMITS: Mapping[str, int] = DEFAULT_GPU.max_extent
 
 
+#: Vector widths (lanes of a ``V`` loop) that TVM 0.27's CUDA code generation can express
+#: per LEIR dtype (probed: ``tvm.compile(target=cuda)`` raises "Cannot convert type
+#: float32x12 to CUDA type" otherwise; every width listed here also passes nvcc --ptx).
+CUDA_VECTOR_LANES: Mapping[str, frozenset] = MappingProxyType({
+    "f32": frozenset({2, 3, 4, 6, 8}), "f16": frozenset({2, 4, 6, 8}), "bf16": frozenset({2, 4, 8}),
+    "f64": frozenset({2, 3, 4}), "bool": frozenset({2, 3, 4}),
+    **{d: frozenset({2, 3, 4, 8}) for d in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")},
+})
+
+
 def is_thread_tag(tag: str) -> bool:
     """``True`` for ``threadIdx.*`` tags (threads of a block), ``False`` for ``blockIdx.*``."""
     return tag.startswith("threadIdx.")
 
 
-__all__ = ["GpuLimits", "THREAD_TAGS", "H100", "DEFAULT_GPU", "MAX_THREADS_PER_BLOCK", "THREAD_LIMITS",
+__all__ = ["GpuLimits", "THREAD_TAGS", "H100", "DEFAULT_GPU", "MAX_THREADS_PER_BLOCK", "THREAD_LIMITS", "CUDA_VECTOR_LANES",
            "is_thread_tag"]

@@ -21,6 +21,8 @@ and loop, not a TIR node):
     touch device memory);
   - a parallel or vectorized loop outside the kernel's bindings (host code around a
     kernel launch: ``tvm.compile(target=cuda)`` fails its thread-scope check);
+  - a vectorized loop whose width has no CUDA vector type for a dtype it touches
+    (:data:`~steptp.backend.hardware.CUDA_VECTOR_LANES`);
   - a bound loop whose iterations (threads, blocks) touch the same element of a tensor
     written inside it: a reduction over ``blockIdx``, a race, or a read of another
     thread's value in the same step (the GPU's answer then differs from the sequential
@@ -47,7 +49,7 @@ from ..leir.analysis import EqSemantics, LeirSemanticError, ProgramInfo, analyze
 from ..leir.fileformat import LeirModule, Signature, parse_leir
 from ..leir.printer import format_assign, format_expr
 from .errors import LoweringError, PreflightError
-from .hardware import DEFAULT_GPU, GpuLimits, is_thread_tag
+from .hardware import CUDA_VECTOR_LANES, DEFAULT_GPU, GpuLimits, is_thread_tag
 
 LoopId = tuple  # (nest path..., loop position within that nest)
 
@@ -431,6 +433,19 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
             if l.extent > limits.limit(tag):
                 problems.append(f"loop {l.var} (nest {c.nest}) binds {tag} with extent {l.extent}, "
                                 f"above the hardware limit {limits.limit(tag)} ({limits.name})")
+
+    # vector widths the CUDA code generator can express for the dtypes a V loop touches
+    seen_v: set = set()
+    for c in ctxs:
+        for lid, l in c.loops:
+            if l.kind != "V" or l.extent <= 1:
+                continue
+            for dt in sorted({info.dtype(t.name) for t in accesses(c.eq)}):
+                lanes = CUDA_VECTOR_LANES.get(dt)
+                if lanes is not None and l.extent not in lanes and (lid, dt) not in seen_v:
+                    seen_v.add((lid, dt))
+                    problems.append(f"vectorized loop {l.var} (nest {c.nest}) has {l.extent} lanes of {dt}: TVM's CUDA "
+                                    f"code generation supports {sorted(lanes)} lanes for {dt}")
 
     # iterations of bound loops run concurrently
     bound_loops: dict[LoopId, A.Loop] = {}
