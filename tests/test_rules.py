@@ -28,6 +28,13 @@ PAPER = {
     "loop_reorder": ("operator", "medium"),
     "operator_fusion": ("graph", "medium"),
     "set_storage_scope": ("memory", "difficult"),
+    "loop_tiling": ("operator", "difficult"),
+    "loop_fusion": ("operator", "difficult"),
+    "loop_unrolling": ("operator", "medium"),
+    "loop_parallelization": ("operator", "medium"),
+    "loop_vectorization": ("operator", "medium"),
+    "loop_binding": ("operator", "medium"),
+    "reduction_factorization": ("operator", "difficult"),
 }
 
 
