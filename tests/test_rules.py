@@ -28,6 +28,12 @@ PAPER = {
     "loop_reorder": ("operator", "medium"),
     "operator_fusion": ("graph", "medium"),
     "set_storage_scope": ("memory", "difficult"),
+    "normal_loop_max_to_prefix_max": ("math", "difficult"),
+    "normal_loop_summation_on_exp_to_prefix_summation_on_exp": ("math", "difficult"),
+    "online_softmax": ("math", "difficult"),
+    "flashattention_wo_tiling": ("math", "difficult"),
+    "normal_matmul_to_prefix_matmul_based_on_online_softmax": ("math", "difficult"),
+    "partially_equivalent_then_correct": ("math", "difficult"),
 }
 
 
