@@ -27,6 +27,9 @@ demo: install
 	$(STP) translate examples/matmul.py -o $(OUT)/matmul.leir --verify
 	$(STP) apply rules/loop_split.yaml $(OUT)/matmul.leir --seed 0 -o $(OUT)/matmul_split.leir
 	$(STP) verify $(OUT)/matmul.leir $(OUT)/matmul_split.leir
+	$(STP) translate examples/softmax.py -o $(OUT)/softmax.leir --verify
+	$(STP) apply rules/online_softmax.yaml $(OUT)/softmax.leir -o $(OUT)/softmax_online.leir
+	$(STP) verify $(OUT)/softmax.leir $(OUT)/softmax_online.leir
 	$(STP) dataset examples -o $(OUT) --seed 0
 	@echo "demo dataset written to $(OUT)/"
 

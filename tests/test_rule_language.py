@@ -67,8 +67,12 @@ def test_subscript_splice_parses_matches_and_instantiates():
     tpl = P.parse_expr_pattern("?R^{f32,g}_{*?S,?k}")
     got = P.instantiate(tpl, {**env, "R": "D", "k": "c"})
     assert got == A.Tensor("D", "f32", "g", (A.Index("tx"), A.Index("a"), A.Index("c")))
-    with pytest.raises(P.PatternError, match="may only end"):
+    # entries after a splice are matched from the end through tl_last atoms
+    with pytest.raises(P.PatternError, match="not supported here"):
         P.to_sexp(P.parse_expr_pattern("?X_{*?S,tx}"), {})
+    aux: list = []
+    P.to_sexp(P.parse_expr_pattern("?X_{*?S,tx}"), {}, aux)
+    assert len(aux) == 1 and aux[0].startswith("(tl_last ")
 
 
 def test_loop_splice_in_loops_and_nest_templates():

@@ -35,6 +35,12 @@ PAPER = {
     "loop_vectorization": ("operator", "medium"),
     "loop_binding": ("operator", "medium"),
     "reduction_factorization": ("operator", "difficult"),
+    "normal_loop_max_to_prefix_max": ("math", "difficult"),
+    "normal_loop_summation_on_exp_to_prefix_summation_on_exp": ("math", "difficult"),
+    "online_softmax": ("math", "difficult"),
+    "flashattention_wo_tiling": ("math", "difficult"),
+    "normal_matmul_to_prefix_matmul_based_on_online_softmax": ("math", "difficult"),
+    "partially_equivalent_then_correct": ("math", "difficult"),
 }
 
 

@@ -240,7 +240,7 @@ def _no_match_message(rule, module: LeirModule, detail: str = "") -> str:
     what = {"expr": f"no subexpression matches {rule.match!r}",
             "equation": f"no equation matches {rule.match!r}",
             "loop": f"no loop matches {rule.match!r}",
-            "nest": "no nest", "nests": "no pair of consecutive nests", "tensor": "no tensor"}[rule.scope]
+            "nest": "no nest", "nests": f"no run of {len(rule.match)} consecutive nests", "tensor": "no tensor"}[rule.scope]
     if rule.scope in ("nest", "nests", "tensor") or rule.where:
         what += " satisfies the preconditions" if rule.scope in ("nest", "nests", "tensor") else \
             " with the preconditions satisfied"
@@ -353,9 +353,6 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
         chosen_params[n] = ok[rng.randrange(len(ok))]
     env.update(chosen_params)
     _settle_let(rule, env, module)
-    missing_let = [k for k in rule.let if k not in env]
-    if missing_let:
-        raise RewriteError(f"rule '{rule.id}': let value(s) {missing_let} could not be evaluated")
 
     taken = program_names(module)
     ectx = EvalContext(module, env)
@@ -368,6 +365,10 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
             env[name] = fresh_index_name(taken, kind=eval_value(opts["kind"], ectx) if "kind" in opts else None,
                                          like=eval_value(opts["like"], ectx) if "like" in opts else None,
                                          prefix=eval_value(opts["prefix"], ectx) if "prefix" in opts else None)
+    _settle_let(rule, env, module)  # let values that use fresh names (e.g. subst_index(?t, ?i, ?new))
+    missing_let = [k for k in rule.let if k not in env]
+    if missing_let:
+        raise RewriteError(f"rule '{rule.id}': let value(s) {missing_let} could not be evaluated")
 
     ctx = RewriteContext(module=module, program=module.program, site=chosen, env=env, taken=taken)
     for prim, args in rule.rewrite:
@@ -451,7 +452,7 @@ def check_rule(rule, source: str | None = None) -> None:
             used = _let_vars(spec)
         except P.PatternError as e:
             _raise(src, f"let.{name}", str(e))
-        free = used - bound - set(rule.let)
+        free = used - bound - set(rule.let) - set(rule.fresh)
         if free:
             _raise(src, f"let.{name}", f"unbound metavariable(s) {sorted('?' + f for f in free)}")
     bound |= set(rule.let)

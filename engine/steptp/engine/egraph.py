@@ -253,6 +253,26 @@ ANALYSIS = (
 """
 )
 
+# ---------------- sequences of nests (online softmax family; rules/README.md) ----------------
+# tl_last(l, init, x): subscript / argument list l is init ++ [x] (lets a pattern match entries
+# after a list splice, e.g. F_{*?s,?a-1}); loop_of: a nest's own loop by index name; and
+# "only" checks expressed as negatable facts: other_writer / other_reader (another equation
+# writes / reads the tensor), other_reduction_axis (the equation has a second reduction axis).
+SEQUENCE_ANALYSIS = """
+(relation tl_last (TL TL Term))
+(rule ((= l (TCons h (TNil)))) ((tl_last l (TNil) h)) :ruleset a1)
+(rule ((= l (TCons h t)) (tl_last t ti x)) ((tl_last l (TCons h ti) x)) :ruleset a1)
+(relation loop_of (i64 String i64 String))   ; nest, index name, extent, kind of one of its own loops
+(rule ((loop_at n p (LOOP k x v))) ((loop_of n v x k)) :ruleset a1)
+(relation other_writer (String i64))         ; tensor written by equation e and by another one
+(rule ((writes_at e x l) (writes_at e2 x l2) (!= e e2)) ((other_writer x e)) :ruleset a1)
+(relation other_reader (String i64))         ; tensor read by equation e and by another one
+(rule ((reads_at e x l) (reads_at e2 x l2) (!= e e2)) ((other_reader x e)) :ruleset a1)
+(relation other_reduction_axis (i64 String)) ; reduction axis i of e, and e has another one
+(rule ((reduction_axis e a) (reduction_axis e b) (!= a b)) ((other_reduction_axis e a)) :ruleset a2)
+"""
+ANALYSIS += SEQUENCE_ANALYSIS
+
 SCHEDULE = "(run-schedule (saturate (run a1)) (saturate (run a2)) (saturate (run cand)) " \
            "(saturate (run neg)) (saturate (run fin)))"
 #: The analysis strata only; each compiled rule then runs its own schedule
@@ -335,6 +355,16 @@ RELATIONS: dict[str, RelSig] = {
     "reorder_hazard": RelSig(("Nest",), doc="permuting this nest's loops may change results"),
 }
 
+
+RELATIONS.update({
+    "tl_last": RelSig(("TL", "TL", "Term"), doc="list = init ++ [last] (subscript and argument lists)"),
+    "loop_of": RelSig(("Nest", "String", "Int", "String"),
+                      doc="nest, index, extent and kind of one of the nest's own loops"),
+    "other_writer": RelSig(("String", "Eq"), doc="tensor written by the equation and by another equation too"),
+    "other_reader": RelSig(("String", "Eq"), doc="tensor read by the equation and by another equation too"),
+    "other_reduction_axis": RelSig(("Eq", "String"),
+                                   doc="reduction axis of the equation, which has another reduction axis too"),
+})
 
 # ---------------------------------------------------------------------------
 # Program -> facts

@@ -15,7 +15,7 @@ expr       ?eq ?nest ?site             one occurrence of a value subterm (path)
 equation   ?eq ?nest                   one equation
 loop       ?nest ?pos                  one loop of one nest
 nest       (the named ?N)              one nest (nested nests included)
-nests      (the named ?n1 ?n2)         two consecutive sibling nests
+nests      (the named ?n1 ?n2 ...)     2-4 consecutive sibling nests
 tensor     (the named ?X)              every occurrence of one tensor
 =========  ==========================  ============================================
 
@@ -233,7 +233,9 @@ class _WhereCompiler:
                 raise CompileError(field_ + ".pattern", str(e)) from None
             if name not in self.sorts:
                 raise CompileError(field_ + ".term", f"?{name} must be bound before it is checked against a pattern")
-            return [f"(= {P.qvar(name)} {P.to_sexp(pat, self.sorts)})"], None
+            aux: list[str] = []
+            sx = P.to_sexp(pat, self.sorts, aux)
+            return [f"(= {P.qvar(name)} {sx})"] + aux, None
         toks = P.tokenize(item)
         k = 0
 
@@ -445,14 +447,17 @@ def compile_rule(rule) -> CompiledRule:
             pattern = P.parse_expr_pattern(rule.match, wild="_m")
             _check_reserved(pattern, sorts, fld)
             P.metavar_sorts(pattern, sorts, fld)
+            aux: list[str] = []
             atoms += ["(val_sub mv_eq mv_site)", "(eq_at mv_nest anon_p mv_eq)",
-                      f"(= mv_site {P.to_sexp(pattern, sorts)})"]
+                      f"(= mv_site {P.to_sexp(pattern, sorts, aux)})"] + aux
         elif scope == "equation":
             pattern = P.parse_equation_pattern(rule.match, wild="_m")
             _check_reserved(pattern, sorts, fld)
             P.metavar_sorts(pattern, sorts, fld)
+            aux = []
             atoms += ["(eq_at mv_nest anon_p mv_eq)",
-                      f"(eq_def mv_eq {P.to_sexp(pattern.target, sorts)} {P.to_sexp(pattern.value, sorts)})"]
+                      f"(eq_def mv_eq {P.to_sexp(pattern.target, sorts, aux)} {P.to_sexp(pattern.value, sorts, aux)})"]
+            atoms += aux
         elif scope == "loop":
             loops = P.parse_loops_pattern(rule.match, wild="_m")
             if len(loops) != 1:
@@ -467,12 +472,15 @@ def compile_rule(rule) -> CompiledRule:
             scope_vars = (n,)
             atoms.append(f"(nest {P.qvar(n)})")
         elif scope == "nests":
-            a, b = (_mvar_name(x, fld) for x in rule.match)
-            if a == b:
-                raise CompileError(fld, "the two nests need different names")
-            sorts[a] = sorts[b] = "Nest"
-            scope_vars = (a, b)
-            atoms.append(f"(nest_next {P.qvar(a)} {P.qvar(b)})")
+            names = [_mvar_name(x, fld) for x in rule.match]
+            if len(set(names)) != len(names):
+                raise CompileError(fld, "the nests need different names")
+            if not 2 <= len(names) <= 4:
+                raise CompileError(fld, "a nests match names 2, 3 or 4 consecutive nests")
+            for n in names:
+                sorts[n] = "Nest"
+            scope_vars = tuple(names)
+            atoms += [f"(nest_next {P.qvar(a)} {P.qvar(b)})" for a, b in zip(names, names[1:])]
         elif scope == "tensor":
             n = _mvar_name(rule.match, fld)
             sorts[n] = "String"
@@ -769,8 +777,8 @@ def rows_to_sites(cr: CompiledRule, rows: list[list], ix: ProgramIndex) -> list[
             n = env[cr.scope_vars[0]]
             out.append(Site(cr.rule_id, scope, nest=n.path, bindings=b))
         elif scope == "nests":
-            a, bb = (env[x] for x in cr.scope_vars)
-            out.append(Site(cr.rule_id, scope, nest=a.path, nests=(a.path, bb.path), bindings=b))
+            refs = [env[x] for x in cr.scope_vars]
+            out.append(Site(cr.rule_id, scope, nest=refs[0].path, nests=tuple(r.path for r in refs), bindings=b))
         else:
             out.append(Site(cr.rule_id, scope, tensor=env[cr.scope_vars[0]], bindings=b))
     out.sort(key=Site.sort_key)

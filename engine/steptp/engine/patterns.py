@@ -55,16 +55,19 @@ class PVar:
 
 @dataclass(frozen=True)
 class PSplice:
-    """A list metavariable ``*?name`` spliced into a list: a tensor's subscript list
-    (``?X_{*?S}``, ``?R_{*?S,?ci}``), a loop list (``*?pre L^{4}_{?i=0} *?post``) or a
-    nest's loops (``*?L[...]``). In a match pattern it may only end a subscript list and
-    binds the remaining entries (egglog sort ``TL``); in a template its value (a tuple of
-    loops or of subscript expressions, see ``rules/README.md``) is inserted in place."""
+    """A list metavariable ``*?name``: in a tensor subscript it stands for a run of
+    subscript entries (sort ``TL``: matched as a tuple of expressions, spliced in
+    templates, e.g. ``?F_{*?s,?a}`` appends index ``?a`` to the list ``?s``); among a
+    nest template's loops it splices a tuple of loops (``*?L[...]``, from ``loops_of``)."""
 
     name: str
 
     def __str__(self) -> str:  # pragma: no cover - debugging aid
         return "*?" + self.name
+
+
+#: sort of a subscript-list metavariable (an egglog ``TL`` cons list)
+LIST = "TL"
 
 
 # ---------------------------------------------------------------------------
@@ -297,10 +300,10 @@ class _Parser:
             elif self.at("_") and not seen_sub:
                 self.next()
                 self.expect("{")
-                items = [self.sub_item()]
+                items = [self.sub_entry()]
                 while self.at(","):
                     self.next()
-                    items.append(self.sub_item())
+                    items.append(self.sub_entry())
                 self.expect("}")
                 indices = tuple(items)
                 seen_sub = True
@@ -308,9 +311,23 @@ class _Parser:
             dtype, scope = self.wildcard(), self.wildcard()
         return A.Tensor(name, dtype, scope, indices)
 
+    def at_splice(self) -> bool:
+        """True at ``*?name`` (a list metavariable)."""
+        return self.at("*") and self.peek(1).kind == "mvar"
+
+    def splice(self) -> "PSplice":
+        self.next()
+        return PSplice(self.next().text[1:])
+
+    def sub_entry(self):
+        """One subscript entry: an index expression or a list splice ``*?s``."""
+        return self.splice() if self.at_splice() else self.expr()
+
     # -- loops, equations, nests ------------------------------------------
     def at_loop(self) -> bool:
         """True when the next tokens start a loop descriptor (not a tensor access)."""
+        if self.at_splice():
+            return True
         t = self.peek()
         if not (t.kind == "mvar" or (t.kind == "name" and t.text in _LOOP_KINDS)):
             return False
@@ -572,11 +589,16 @@ def qvar(name: str) -> str:
     return "mv_" + name
 
 
-def to_sexp(p, sorts: dict[str, str]) -> str:
+_AUX = iter(range(1, 1 << 62))
+
+
+def to_sexp(p, sorts: dict[str, str], aux: list | None = None) -> str:
     """Compile a value/tensor pattern to an egglog term with query variables.
 
     The encoding is the one of :mod:`steptp.engine.egraph` (``INT FLT IDX TNS NEG BIN
-    CALL CMP BOOL NOT`` over ``TL`` cons lists).
+    CALL CMP BOOL NOT`` over ``TL`` cons lists). A subscript splice ``*?s`` binds the rest
+    of the list; entries after it (``?F_{*?s,?a-1}``) are matched from the end with the
+    ``tl_last`` relation, whose atoms are appended to ``aux`` (required then).
     """
     if isinstance(p, PVar):
         s = sorts.get(p.name, TERM)
@@ -584,6 +606,8 @@ def to_sexp(p, sorts: dict[str, str]) -> str:
             return f"(IDX {qvar(p.name)})"
         if s == INT:
             return f"(INT {qvar(p.name)})"
+        if s == LIST:
+            raise PatternError(f"?{p.name} is a subscript list: write *?{p.name} inside a subscript")
         return qvar(p.name)
     if isinstance(p, A.Int):
         return f"(INT {p.value})"
@@ -592,29 +616,49 @@ def to_sexp(p, sorts: dict[str, str]) -> str:
     if isinstance(p, A.Index):
         return f"(IDX {sx_str(p.name)})"
     if isinstance(p, A.Tensor):
-        idx = list(p.indices)
-        tail = "(TNil)"
-        if idx and isinstance(idx[-1], PSplice):
-            tail = qvar(idx.pop().name)
-        if any(isinstance(i, PSplice) for i in idx):
-            raise PatternError("a subscript splice *?S may only end a subscript list in a match pattern")
         return (f"(TNS {_str_slot(p.name)} {_str_slot(p.dtype)} {_str_slot(p.scope)} "
-                f"{list_sexp([to_sexp(i, sorts) for i in idx], tail)})")
-    if isinstance(p, PSplice):
-        raise PatternError(f"the splice *?{p.name} may only appear in a subscript or loop list")
+                f"{_subscript_sexp(p.indices, sorts, aux)})")
     if isinstance(p, A.Neg):
-        return f"(NEG {to_sexp(p.operand, sorts)})"
+        return f"(NEG {to_sexp(p.operand, sorts, aux)})"
     if isinstance(p, A.Not):
-        return f"(NOT {to_sexp(p.operand, sorts)})"
+        return f"(NOT {to_sexp(p.operand, sorts, aux)})"
     if isinstance(p, A.BinOp):
-        return f"(BIN {sx_str(p.op)} {to_sexp(p.lhs, sorts)} {to_sexp(p.rhs, sorts)})"
+        return f"(BIN {sx_str(p.op)} {to_sexp(p.lhs, sorts, aux)} {to_sexp(p.rhs, sorts, aux)})"
     if isinstance(p, A.Compare):
-        return f"(CMP {sx_str(p.op)} {to_sexp(p.lhs, sorts)} {to_sexp(p.rhs, sorts)})"
+        return f"(CMP {sx_str(p.op)} {to_sexp(p.lhs, sorts, aux)} {to_sexp(p.rhs, sorts, aux)})"
     if isinstance(p, A.BoolOp):
-        return f"(BOOL {sx_str(p.op)} {to_sexp(p.lhs, sorts)} {to_sexp(p.rhs, sorts)})"
+        return f"(BOOL {sx_str(p.op)} {to_sexp(p.lhs, sorts, aux)} {to_sexp(p.rhs, sorts, aux)})"
     if isinstance(p, A.Call):
-        return f"(CALL {sx_str(p.func)} {list_sexp([to_sexp(a, sorts) for a in p.args])})"
+        return f"(CALL {sx_str(p.func)} {list_sexp([to_sexp(a, sorts, aux) for a in p.args])})"
+    if isinstance(p, PSplice):
+        raise PatternError(f"*?{p.name} may only stand for subscript entries")
     raise PatternError(f"cannot compile {p!r} to egglog")
+
+
+def _subscript_sexp(indices: tuple, sorts: dict[str, str], aux: list | None) -> str:
+    """egglog list of a subscript pattern; at most one splice ``*?s``."""
+    spl = [k for k, x in enumerate(indices) if isinstance(x, PSplice)]
+    if not spl:
+        return list_sexp([to_sexp(i, sorts, aux) for i in indices])
+    if len(spl) > 1:
+        raise PatternError("a subscript pattern may contain one list splice *?name")
+    k = spl[0]
+    head, after = indices[:k], indices[k + 1:]
+    rest = qvar(indices[k].name)
+    if after:
+        if aux is None:
+            raise PatternError(f"entries after *?{indices[k].name} are not supported here")
+        whole = f"anon_tl{next(_AUX)}"
+        cur = whole
+        for j, y in enumerate(reversed(after)):
+            nxt = rest if j == len(after) - 1 else f"anon_tl{next(_AUX)}"
+            aux.append(f"(tl_last {cur} {nxt} {to_sexp(y, sorts, aux)})")
+            cur = nxt
+        rest = whole
+    out = rest
+    for it in reversed(head):
+        out = f"(TCons {to_sexp(it, sorts, aux)} {out})"
+    return out
 
 
 def loop_sexp(p: A.Loop) -> str:
@@ -747,10 +791,7 @@ def instantiate(p, env: dict):
             raise TemplateError(f"tensor {name} in a template needs an explicit ^{{dtype,scope}}")
         dt = _as_str(_lookup(env, p.dtype), "a dtype") if isinstance(p.dtype, PVar) else p.dtype
         sc = _as_str(_lookup(env, p.scope), "a scope") if isinstance(p.scope, PVar) else p.scope
-        idx: list = []
-        for i in p.indices:
-            idx.extend(_splice_items(i, env, "subscripts") if isinstance(i, PSplice) else (instantiate(i, env),))
-        return A.Tensor(name, dt, sc, tuple(idx))
+        return A.Tensor(name, dt, sc, _instantiate_entries(p.indices, env, "subscript"))
     if isinstance(p, A.Loop):
         kind = _as_str(_lookup(env, p.kind), "a loop kind") if isinstance(p.kind, PVar) else p.kind
         var = _as_str(_lookup(env, p.var), "a loop index") if isinstance(p.var, PVar) else p.var
@@ -766,7 +807,7 @@ def instantiate(p, env: dict):
             raise TemplateError("an equation target must be a tensor")
         return A.Assign(t, instantiate(p.value, env))
     if isinstance(p, A.Nest):
-        return A.Nest(_instantiate_loops(p.loops, env), tuple(instantiate(b, env) for b in p.body))
+        return A.Nest(_instantiate_entries(p.loops, env, "loops"), tuple(instantiate(b, env) for b in p.body))
     if isinstance(p, tuple):
         if any(isinstance(x, (A.Loop, PSplice)) for x in p):
             return _instantiate_loops(p, env)
@@ -775,6 +816,25 @@ def instantiate(p, env: dict):
     if kids:
         return A.rebuild(p, tuple(instantiate(c, env) for c in kids))
     return p
+
+
+def _instantiate_entries(items: tuple, env: dict, what: str) -> tuple:
+    """Instantiate subscript entries or loops, splicing ``*?name`` tuples in place."""
+    out: list = []
+    for x in items:
+        if isinstance(x, PSplice):
+            v = _lookup(env, PVar(x.name))
+            if not isinstance(v, tuple):
+                raise TemplateError(f"*?{x.name} needs a list value, got {v!r}")
+            if what == "loops":
+                if not all(isinstance(l, A.Loop) for l in v):
+                    raise TemplateError(f"*?{x.name} among loops needs a list of loops (e.g. loops_of(?N))")
+                out.extend(v)
+            else:
+                out.extend(value_to_expr(e) for e in v)
+        else:
+            out.append(instantiate(x, env))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------
@@ -825,17 +885,20 @@ def _match(p, n, env, sorts) -> bool:
                     return False
             elif a != b:
                 return False
-        pidx = p.indices
-        if pidx and isinstance(pidx[-1], PSplice):
-            k = len(pidx) - 1
-            if len(n.indices) < k or not _bind(env, PVar(pidx[-1].name), tuple(n.indices[k:])):
+        spl = [k for k, x in enumerate(p.indices) if isinstance(x, PSplice)]
+        if spl:
+            k = spl[0]
+            head, after = p.indices[:k], p.indices[k + 1:]
+            if len(n.indices) < len(head) + len(after):
                 return False
-            pidx, nidx = pidx[:k], n.indices[:k]
-        else:
-            nidx = n.indices
-        if len(pidx) != len(nidx):
+            mid = tuple(n.indices[k:len(n.indices) - len(after)])
+            tail = n.indices[len(n.indices) - len(after):] if after else ()
+            return (all(_match(a, b, env, sorts) for a, b in zip(head, n.indices[:k]))
+                    and all(_match(a, b, env, sorts) for a, b in zip(after, tail))
+                    and _bind(env, PVar(p.indices[k].name), mid))
+        if len(p.indices) != len(n.indices):
             return False
-        return all(_match(a, b, env, sorts) for a, b in zip(pidx, nidx))
+        return all(_match(a, b, env, sorts) for a, b in zip(p.indices, n.indices))
     if isinstance(p, A.Loop):
         for a, b in ((p.kind, n.kind), (p.extent, n.extent), (p.var, n.var)):
             if isinstance(a, PVar):
@@ -861,7 +924,7 @@ def _match(p, n, env, sorts) -> bool:
 
 
 __all__ = [
-    "PatternError", "TemplateError", "PVar", "PSplice", "SUBS", "LOOPS", "Tok", "tokenize",
+    "PatternError", "TemplateError", "PVar", "PSplice", "SUBS", "LOOPS", "LIST", "Tok", "tokenize",
     "parse_expr_pattern", "parse_loops_pattern", "parse_equation_pattern", "parse_nest_pattern",
     "TERM", "STRING", "INT", "metavar_sorts", "metavars", "iter_nodes",
     "sx_str", "float_key", "qvar", "to_sexp", "loop_sexp", "list_sexp",

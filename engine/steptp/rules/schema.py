@@ -141,7 +141,7 @@ RULE_SCHEMA: dict[str, Any] = {
                 "expr": {"type": "string", "minLength": 1},
                 "loop": {"type": "string", "minLength": 1},
                 "nest": _MVAR,
-                "nests": {"type": "array", "items": _MVAR, "minItems": 2, "maxItems": 2},
+                "nests": {"type": "array", "items": _MVAR, "minItems": 2, "maxItems": 4},
                 "tensor": _MVAR,
                 "equation": {"type": "string", "minLength": 1},
             },
