@@ -260,6 +260,27 @@ def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for t
         raise typer.Exit(1)
 
 
+@app.command()
+def report(outdir: Path = typer.Argument(..., help="Output directory of `stp dataset` (finished or interrupted)."),
+           no_plots: bool = typer.Option(False, "--no-plots", help="Only report.md, no PNG plots."),
+           no_tokens: bool = typer.Option(False, "--no-tokens", help="Skip the token-efficiency table."),
+           tokenizer: Optional[Path] = typer.Option(None, "--tokenizer",
+                                                    help="A tokenizer.json to count tokens with (default: Qwen).")):
+    """Summarise a dataset run: counts before/after filtering, per strategy/category/level, strategy
+    diversity, pass rates per stage, first failure reasons and token efficiency (LEIR vs TIR vs CUDA).
+
+    Prints and writes OUTDIR/report.md, OUTDIR/report_stats.json and PNG plots."""
+    from .dataset.report import ReportError, build_report
+
+    if tokenizer is not None and not tokenizer.exists():
+        _fail(f"{tokenizer}: no such file")
+    try:
+        text, _ = build_report(outdir, plots=not no_plots, tokenizer=tokenizer, tokens=not no_tokens)
+    except (ReportError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(text, nl=False)
+
+
 @rules_app.command("list")
 def rules_list():
     """List the shipped rules with category and difficulty."""

@@ -113,12 +113,14 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     return build_derived(out, policy)
 
 
-def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
-    """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
-    out = Path(outdir)
-    entries = sorted(read_jsonl(out / "dictionary.jsonl"), key=lambda e: e["id"])
-    singles = [single_messages(e) for e in keep_single(entries, policy)]
+def filtered_sets(entries: list[dict], policy: FilterPolicy) -> tuple[list[dict], list[list[dict]]]:
+    """The difficulty-aware filtering of paper §3.4 over dictionary entries (any order).
 
+    Returns ``(single, multi)``: the entries kept as single-answer records (sorted by id) and,
+    per original program with enough kept items, the entries of one multi-answer record
+    (a seeded sample of 2..n items). Deterministic for ``policy.seed`` and the set of entries."""
+    entries = sorted(entries, key=lambda e: e["id"])
+    singles = keep_single(entries, policy)
     by_original: dict[str, list[dict]] = defaultdict(list)
     for e in entries:
         by_original[e["original"]["leir"]].append(e)
@@ -131,8 +133,18 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
         if len(items) < policy.min_multi:
             continue
         k = rng.randint(policy.min_multi, len(items))
-        chosen = rng.sample(items, k)
-        multis.append(multi_messages(chosen))
+        multis.append(rng.sample(items, k))
+    return singles, multis
+
+
+def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
+    """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
+    out = Path(outdir)
+    entries = list(read_jsonl(out / "dictionary.jsonl"))
+    single_entries, multi_groups = filtered_sets(entries, policy)
+    entries = sorted(entries, key=lambda e: e["id"])
+    singles = [single_messages(e) for e in single_entries]
+    multis = [multi_messages(g) for g in multi_groups]
     write_jsonl_atomic(out / "chat_single.jsonl", singles)
     write_jsonl_atomic(out / "chat_multi.jsonl", multis)
 
@@ -165,4 +177,4 @@ def _mean(xs) -> float:
     return round(sum(xs) / len(xs), 1) if xs else 0.0
 
 
-__all__ = ["DatasetError", "generate_dataset", "build_derived"]
+__all__ = ["DatasetError", "generate_dataset", "filtered_sets", "build_derived"]
