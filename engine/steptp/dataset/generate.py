@@ -29,8 +29,8 @@ class Options:
 
     seed: int = 0
     trials: int = 3
-    per_rule: int = 1           # verified steps kept per (program, rule)
-    max_tries: int = 4          # candidates tried per (program, rule) before giving up
+    per_rule: int = 1           # verified steps kept per (program, rule): N sampled candidates (--per-rule N)
+    max_tries: int = 4          # candidates tried per verified step wanted: at most max_tries*per_rule per rule
     with_cuda: bool = True      # store TIR for the GPU path and CUDA source
     nvcc: bool = True           # Build pass includes nvcc --ptx of the CUDA source (when nvcc exists)
     isolated: bool = True       # build+run every check in a worker process with a time limit
@@ -136,8 +136,10 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
 def _verified_steps(rule, module: LeirModule, src: Source, opts: Options, attempts: list[dict]):
     """Yield ``(step, VerifyResult)`` for up to ``opts.per_rule`` verified steps of ``rule``.
 
-    Candidates (site x parameters) are tried in an order drawn from ``(seed, program key,
-    rule id)``, at most ``opts.max_tries`` of them; every try is appended to ``attempts``."""
+    Candidates (every site x every parameter choice) are sampled without replacement in an
+    order drawn from ``(seed, program key, rule id)``, at most ``opts.max_tries *
+    opts.per_rule`` of them (and at most four times as many whose result repeats an earlier
+    one: those are skipped, not verified); every try is appended to ``attempts``. Reproducible whatever the worker."""
     from ..engine import NoMatch, apply_rule, list_candidates
     from ..verify import verify_pair
 
@@ -153,17 +155,24 @@ def _verified_steps(rule, module: LeirModule, src: Source, opts: Options, attemp
     rng.shuffle(order)
     kept = 0
     seen_after: set[str] = set()
-    for ci in order[: opts.max_tries]:
+    budget = opts.max_tries * max(1, opts.per_rule)
+    tries = repeats = 0
+    for ci in order:
+        if tries >= budget or repeats >= 4 * budget:
+            return
         site, params = cands[ci]
         try:
             step = apply_rule(rule, module, seed=rng.randrange(2**31), site=site, params=params)
         except Exception as e:  # noqa: BLE001
+            tries += 1
             attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
             continue
         after_text = format_program(step.after.program)
         if after_text in seen_after:
+            repeats += 1
             continue
         seen_after.add(after_text)
+        tries += 1
         res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed,
                           runner=_runner(opts), timeout_s=opts.timeout_s, nvcc=opts.nvcc)
         attempts.append({"rule": rule.id, "outcome": "equal" if res.equal else "failed", "reason": res.reason})

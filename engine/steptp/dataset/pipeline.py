@@ -22,10 +22,10 @@ import json
 import multiprocessing as mp
 import random
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -47,10 +47,31 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     return d
 
 
+def _local_results(todo: list, opts: Options, workers: int) -> Iterator[ProgramResult]:
+    """Results of ``todo`` in input order: in this process, or in ``workers`` long-lived
+    spawn processes (each keeps its verification worker and caches for all its programs)."""
+    if workers <= 1 or len(todo) <= 1:
+        for src in todo:
+            yield process_safe(src, opts)
+        return
+    ctx = mp.get_context("spawn")  # TVM's thread pool is not fork-safe (tvm notes §5)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futs = [pool.submit(process_safe, src, opts) for src in todo]
+        for fut in futs:  # in input order: the files do not depend on timing
+            yield fut.result()
+
+
 def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, policy: FilterPolicy | None = None,
                      workers: int = 1, progress: bool = True,
-                     on_result: Callable[[ProgramResult], None] | None = None) -> dict:
+                     on_result: Callable[[ProgramResult], None] | None = None,
+                     ray_address: str | None = None, use_ray: bool = False) -> dict:
     """Generate (or resume) a dataset into ``outdir``; returns the report dict.
+
+    Programs are recorded in input order whatever the worker count or back end, so
+    ``dictionary.jsonl``, ``attempts.jsonl`` and the derived files are byte-identical
+    for the same inputs, options and seed (``state.jsonl`` holds timings). ``use_ray``
+    distributes programs over a Ray cluster (:mod:`steptp.dataset.distributed`; a local one
+    unless ``ray_address`` names one), ``workers`` then caps the programs in flight.
 
     Raises :class:`DatasetError` when ``outdir`` holds a run made with other options, and
     ``FileNotFoundError``/``ValueError`` for bad inputs (before anything is written).
@@ -96,15 +117,14 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
             on_result(res)
 
     try:
-        if workers <= 1 or len(todo) <= 1:
-            for src in todo:
-                record(process_safe(src, opts))
+        if use_ray:
+            from .distributed import ray_results
+
+            results = ray_results(todo, opts, address=ray_address, in_flight=max(2, 2 * workers))
         else:
-            ctx = mp.get_context("spawn")  # TVM's thread pool is not fork-safe (tvm notes §5)
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                futs = [pool.submit(process_safe, src, opts) for src in todo]
-                for fut in as_completed(futs):
-                    record(fut.result())
+            results = _local_results(todo, opts, workers)
+        for res in results:
+            record(res)
     finally:
         bar.close()
         dict_w.close()
