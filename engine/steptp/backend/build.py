@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import multiprocessing
 import os
@@ -74,11 +75,28 @@ def is_tvmscript(text: str) -> bool:
 # ---------------------------------------------------------------------------
 
 
+_PARSED: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+_PARSED_SIZE = 64  # a candidate's CPU and CUDA texts are parsed by verify, codegen and nvcc batching
+
+
 def parse_tvmscript(text: str):
     """``tvm.script.from_source(text)`` -> the ``main`` PrimFunc (or the only one).
 
-    Raises :class:`BuildError` with TVM's diagnostic line when the text does not parse or
-    fails TVM's well-formedness check."""
+    Parsing costs 10-150 ms, so the last 64 results are memoised by text (PrimFuncs are
+    immutable; ``with_attr`` returns a copy). Raises :class:`BuildError` with TVM's
+    diagnostic line when the text does not parse or fails TVM's well-formedness check."""
+    hit = _PARSED.get(text)
+    if hit is not None:
+        _PARSED.move_to_end(text)
+        return hit
+    func = _parse_tvmscript(text)
+    _PARSED[text] = func
+    while len(_PARSED) > _PARSED_SIZE:
+        _PARSED.popitem(last=False)
+    return func
+
+
+def _parse_tvmscript(text: str):
     tvm = _tvm()
     try:
         obj = tvm.script.from_source(text)
