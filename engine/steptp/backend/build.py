@@ -39,10 +39,11 @@ from .hardware import DEFAULT_GPU, GpuLimits
 from .preflight import preflight
 from .tvmscript import lower_module
 
-#: LLVM target used for CPU execution (TVM 0.27 wants the dict form, notes §3.1). ``opt-level`` 0: the kernels are checked for
-#: correctness on small inputs, not timed, and LLVM's optimisation (and the JIT of the
-#: optimised code at the first call) cost 10x more than the run itself (about 1.6 s vs
-#: 0.14 s for a small MLP on 2 vCPUs). No fast-math either way, so results are IEEE.
+#: LLVM target used for CPU execution (TVM 0.27 wants the dict form, notes §3.1).
+#: ``opt-level`` 0: the kernels are checked for correctness on small inputs, not timed, and
+#: LLVM's optimisation (and the JIT of the optimised code at the first call) cost 10x more
+#: than the run itself (about 1.6 s vs 0.14 s for a small MLP on 2 vCPUs). No fast-math
+#: either way, so results are IEEE.
 CPU_TARGET: dict = {"kind": "llvm", "opt-level": 0}
 
 
