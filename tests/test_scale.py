@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,27 @@ def test_parallel_workers_write_the_same_bytes_as_one(tmp_path):
     generate_dataset(sources, tmp_path / "j1", opts, progress=False)
     generate_dataset(sources, tmp_path / "j2", opts, progress=False, workers=2)
     assert digests(tmp_path / "j2") == digests(tmp_path / "j1")
+
+
+def test_reused_cuda_artifacts_equal_a_fresh_lowering(tmp_path):
+    """Entries store the GPU TIR and CUDA source produced once during verification (and
+    compiled by the per-program batched nvcc run when nvcc exists): they must be exactly
+    what lowering the stored LEIR gives."""
+    from steptp.backend import cuda_source, lower
+    from steptp.leir.fileformat import LeirModule, Signature, TensorDecl
+    from steptp.leir.parser import parse_program
+
+    out = tmp_path / "cuda"
+    generate_dataset([str(EXAMPLES / "softmax.leir")], out,
+                     _opts(with_cuda=True, nvcc=True, rule_paths=[str(RULES / "loop_reorder.yaml")], per_rule=2),
+                     progress=False)
+    entries = rows(out / "dictionary.jsonl")
+    assert entries
+    for e in entries:
+        sig = Signature(e["signature"]["name"], tuple(TensorDecl(t["name"], t["role"], t["dtype"], tuple(t["shape"]))
+                                                      for t in e["signature"]["tensors"]))
+        m = LeirModule(sig, parse_program(e["transformed"]["leir"]))
+        assert e["transformed"]["tir"] == lower(m, target="cuda")
+        assert e["transformed"]["cuda"] == cuda_source(m)
+        assert e["verification"]["equal"] and e["verification"]["nvcc"] == (shutil.which("nvcc") is not None)
+    assert all(a["outcome"] == "equal" for a in rows(out / "attempts.jsonl"))
