@@ -200,7 +200,11 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
             seed: int = typer.Option(0, "--seed"),
             rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: all shipped rules."),
             workers: int = typer.Option(1, "-j", "--workers", min=1, help="Parallel worker processes (spawn)."),
-            per_rule: int = typer.Option(1, "--per-rule", min=1, help="Verified steps kept per program and rule."),
+            per_rule: int = typer.Option(1, "--per-rule", min=1,
+                                         help="Verified steps per program and rule: N candidates (sites x parameters) "
+                                              "sampled with the seed."),
+            max_tries: int = typer.Option(4, "--max-tries", min=1,
+                                          help="Candidates tried per verified step wanted (per rule: N x this)."),
             trials: int = typer.Option(3, "--trials", min=1, help="Seeded verification trials per check."),
             no_cuda: bool = typer.Option(False, "--no-cuda", help="Skip the CUDA source / GPU TIR in entries."),
             no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx (faster)."),
@@ -208,8 +212,15 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                             help="Run checks in the generating process (faster, no time limit)."),
             timeout: float = typer.Option(60.0, "--timeout", help="Time limit per check in seconds (isolated mode)."),
             parquet: bool = typer.Option(False, "--parquet", help="Also write dictionary.parquet (needs pyarrow)."),
-            quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
-    """Generate the dictionary dataset and the single/multi-answer chat sets (ms-swift messages)."""
+            quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+            use_ray: bool = typer.Option(False, "--ray", help="Distribute programs over a Ray cluster (a local one "
+                                                             "with -j CPUs unless --ray-address is given)."),
+            ray_address: Optional[str] = typer.Option(None, "--ray-address",
+                                                      help="Ray cluster address (ray://host:10001, host:6379, auto); "
+                                                           "implies --ray.")):
+    """Generate the dictionary dataset and the single/multi-answer chat sets (ms-swift messages).
+
+    The output files do not depend on -j or --ray: programs are recorded in input order."""
     from .dataset.generate import Options
     from .dataset.pipeline import DatasetError, generate_dataset
     from .resources import rules_dir
@@ -218,12 +229,17 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
     for p in rule_paths:
         if not Path(p).exists():
             _fail(f"{p}: no such rule file")
-    opts = Options(seed=seed, trials=trials, per_rule=per_rule, with_cuda=not no_cuda, rule_paths=rule_paths,
+    opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
                    isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc)
+    from .dataset.distributed import RayUnavailable
+
     try:
-        report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet)
+        report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet,
+                                  use_ray=use_ray or ray_address is not None, ray_address=ray_address)
     except (DatasetError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    except RayUnavailable as e:
+        _fail(str(e), 1)
     if parquet:
         from .dataset.writers import to_parquet
 
@@ -273,6 +289,27 @@ def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for t
         write_json_atomic(report, rep)
     if rep["ok"] < rep["total"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def report(outdir: Path = typer.Argument(..., help="Output directory of `stp dataset` (finished or interrupted)."),
+           no_plots: bool = typer.Option(False, "--no-plots", help="Only report.md, no PNG plots."),
+           no_tokens: bool = typer.Option(False, "--no-tokens", help="Skip the token-efficiency table."),
+           tokenizer: Optional[Path] = typer.Option(None, "--tokenizer",
+                                                    help="A tokenizer.json to count tokens with (default: Qwen).")):
+    """Summarise a dataset run: counts before/after filtering, per strategy/category/level, strategy
+    diversity, pass rates per stage, first failure reasons and token efficiency (LEIR vs TIR vs CUDA).
+
+    Prints and writes OUTDIR/report.md, OUTDIR/report_stats.json and PNG plots."""
+    from .dataset.report import ReportError, build_report
+
+    if tokenizer is not None and not tokenizer.exists():
+        _fail(f"{tokenizer}: no such file")
+    try:
+        text, _ = build_report(outdir, plots=not no_plots, tokenizer=tokenizer, tokens=not no_tokens)
+    except (ReportError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(text, nl=False)
 
 
 @rules_app.command("list")

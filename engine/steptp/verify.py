@@ -43,7 +43,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .backend.build import IsolatedRunner, nvcc_check, nvcc_path, np_dtype, run_lowered
+from .backend.build import IsolatedRunner, compile_cuda_text, nvcc_check, nvcc_path, np_dtype, run_lowered
 from .backend.errors import BackendError, BuildError, ExecError, LoweringError
 from .backend.hardware import DEFAULT_GPU, GpuLimits
 from .backend.preflight import preflight
@@ -353,17 +353,30 @@ def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
 
 
-def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool, limits: GpuLimits) -> tuple[str, str | None]:
-    """Lower for CPU (and CUDA when ``gpu_check``); raises Lowering/Preflight/BuildError."""
+def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool, limits: GpuLimits,
+             artifacts: dict | None = None) -> tuple[str, str | None]:
+    """Lower for CPU (and CUDA when ``gpu_check``); raises Lowering/Preflight/BuildError.
+
+    Returns the CPU TVMScript and the CUDA TVMScript that the runner still has to compile
+    (``None`` when there is none, or when CUDA code generation already ran here: with
+    ``artifacts`` or nvcc, it runs once in this process and the CUDA source is reused)."""
     low = lower_module(module, None, "cpu")
     cuda_text = None
     if gpu_check:
         preflight(module, None, limits)
         cuda_text = lower_module(module, None, "cuda").text
-        if nvcc and nvcc_path() is not None:
-            r = nvcc_check([cuda_text], limits)[0]
-            if r.ok is False:
-                raise BuildError(f"{r.status}: {r.reason}")
+        use_nvcc = nvcc and nvcc_path() is not None
+        if artifacts is not None or use_nvcc:
+            if artifacts is not None:
+                artifacts["tir_cuda"] = cuda_text
+            cuda_src = compile_cuda_text(cuda_text, limits.arch)
+            if artifacts is not None:
+                artifacts["cuda"] = cuda_src
+            if use_nvcc:
+                r = nvcc_check([cuda_src], limits)[0]
+                if r.ok is False:
+                    raise BuildError(f"{r.status}: {r.reason}")
+            cuda_text = None
     return low.text, cuda_text
 
 
@@ -422,7 +435,7 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
                 timeout_s: float = 60.0, *, isolated: bool = False, runner: IsolatedRunner | None = None,
                 gpu_check: bool = True, nvcc: bool = False, require_diff: bool = True,
                 input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
-                limits: GpuLimits = DEFAULT_GPU) -> VerifyResult:
+                limits: GpuLimits = DEFAULT_GPU, artifacts: dict | None = None) -> VerifyResult:
     """Verify that ``transformed`` computes what ``original`` computes (one strategy step).
 
     * Diff: canonical program texts differ; with ``require_diff`` (default) an unchanged
@@ -436,6 +449,12 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
       reference (cached per original text, seed and trials when ``input_fn`` is None).
     * ``isolated`` / ``runner``: run build+execution in a worker process with time limit
       ``timeout_s`` seconds (ignored in process). A crash or time-out is an Exec failure.
+
+    * ``artifacts``: a dict that receives the transformed program's ``tir_cuda`` (GPU
+      TVMScript) and ``cuda`` (CUDA C source) when they were produced (``gpu_check``), so a
+      caller need not lower and generate them again; CUDA code generation then runs in
+      this process, not in the runner (a caller batching ``nvcc`` over many candidates
+      passes ``nvcc=False`` and compiles ``artifacts["cuda"]`` itself).
 
     If the original itself fails, every flag after Diff is False and ``reason`` starts with
     ``original program failed``. Never raises for a bad candidate; raises ``ValueError``
@@ -475,14 +494,14 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
             while len(_REF_CACHE) > _REF_CACHE_SIZE:
                 _REF_CACHE.popitem(last=False)
 
-    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits)
+    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits, artifacts)
 
 
 def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], refs: list[Mapping],
                      run: IsolatedRunner | None, timeout_s: float, gpu_check: bool, nvcc: bool,
-                     limits: GpuLimits) -> VerifyResult:
+                     limits: GpuLimits, artifacts: dict | None = None) -> VerifyResult:
     try:
-        cpu_text, cuda_text = _prepare(module, gpu_check, nvcc, limits)
+        cpu_text, cuda_text = _prepare(module, gpu_check, nvcc, limits, artifacts)
         outs = _execute(run, timeout_s, cpu_text, module.signature, inputs, cuda_text)
     except (LoweringError, BuildError) as e:
         res.reason = f"build: {_stage_word(e)}: {e.reason}" if e.stage != "build" else f"build: {e.reason}"

@@ -29,8 +29,8 @@ class Options:
 
     seed: int = 0
     trials: int = 3
-    per_rule: int = 1           # verified steps kept per (program, rule)
-    max_tries: int = 4          # candidates tried per (program, rule) before giving up
+    per_rule: int = 1           # verified steps kept per (program, rule): N sampled candidates (--per-rule N)
+    max_tries: int = 4          # candidates tried per verified step wanted: at most max_tries*per_rule per rule
     with_cuda: bool = True      # store TIR for the GPU path and CUDA source
     nvcc: bool = True           # Build pass includes nvcc --ptx of the CUDA source (when nvcc exists)
     isolated: bool = True       # build+run every check in a worker process with a time limit
@@ -111,9 +111,15 @@ def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
 
 
 def _entry(src: Source, module: LeirModule, original: dict, original_check: dict, rule, step, res,
-           opts: Options, nvcc_ran: bool) -> dict:
-    """One dictionary entry (design.md §6) for a verified step."""
+           opts: Options, nvcc_ran: bool, artifacts: dict | None = None) -> dict:
+    """One dictionary entry (design.md §6) for a verified step; ``artifacts`` (from
+    :func:`steptp.verify.verify_pair`) hold the GPU TIR and CUDA source already produced."""
     after_text = format_program(step.after.program)
+    art = artifacts or {}
+    if opts.with_cuda and "tir_cuda" in art and "cuda" in art:
+        transformed = {"leir": after_text, "tir": art["tir_cuda"], "cuda": art["cuda"]}
+    else:
+        transformed = _lowered(step.after, opts.with_cuda)
     d = rule.difficulty
     return {
         "id": entry_id(original["leir"], after_text, rule.id),
@@ -125,7 +131,7 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "params": _jsonable(step.params),
         "site": _jsonable(step.site_description),
         "original": original,
-        "transformed": _lowered(step.after, opts.with_cuda),
+        "transformed": transformed,
         "cot": step.cot,
         "verification": {**res.to_dict(), "nvcc": nvcc_ran},
         "original_verification": original_check,
@@ -133,49 +139,99 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
     }
 
 
-def _verified_steps(rule, module: LeirModule, src: Source, opts: Options, attempts: list[dict]):
-    """Yield ``(step, VerifyResult)`` for up to ``opts.per_rule`` verified steps of ``rule``.
+class _RuleRun:
+    """The candidate search of one rule on one program (see :func:`process`)."""
 
-    Candidates (site x parameters) are tried in an order drawn from ``(seed, program key,
-    rule id)``, at most ``opts.max_tries`` of them; every try is appended to ``attempts``."""
-    from ..engine import NoMatch, apply_rule, list_candidates
-    from ..verify import verify_pair
+    def __init__(self, rule, module: LeirModule, src: Source, opts: Options):
+        from ..engine import NoMatch, list_candidates
 
-    rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
-    try:
-        cands = list_candidates(rule, module)
-    except NoMatch:
-        return
-    except Exception as e:  # noqa: BLE001 - a rule that crashes on one program costs that rule only
-        attempts.append({"rule": rule.id, "outcome": "match_error", "reason": f"{type(e).__name__}: {e}"})
-        return
-    order = list(range(len(cands)))
-    rng.shuffle(order)
-    kept = 0
-    seen_after: set[str] = set()
-    for ci in order[: opts.max_tries]:
-        site, params = cands[ci]
+        self.rule, self.module, self.opts = rule, module, opts
+        self.rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
+        self.attempts: list[dict] = []
+        self.kept: list[tuple] = []       # (step, VerifyResult, artifacts), in candidate order
+        self.pending: list[tuple] = []    # passed everything but the batched nvcc
+        self.cands: list = []
         try:
-            step = apply_rule(rule, module, seed=rng.randrange(2**31), site=site, params=params)
-        except Exception as e:  # noqa: BLE001
-            attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
-            continue
-        after_text = format_program(step.after.program)
-        if after_text in seen_after:
-            continue
-        seen_after.add(after_text)
-        res = verify_pair(module, step.after, trials=opts.trials, seed=opts.seed,
-                          runner=_runner(opts), timeout_s=opts.timeout_s, nvcc=opts.nvcc)
-        attempts.append({"rule": rule.id, "outcome": "equal" if res.equal else "failed", "reason": res.reason})
-        if res.equal:
-            yield step, res
-            kept += 1
-            if kept >= opts.per_rule:
-                return
+            self.cands = list_candidates(rule, module)
+        except NoMatch:
+            pass
+        except Exception as e:  # noqa: BLE001 - a rule that crashes on one program costs that rule only
+            self.attempts.append({"rule": rule.id, "outcome": "match_error", "reason": f"{type(e).__name__}: {e}"})
+        self.order = list(range(len(self.cands)))
+        self.rng.shuffle(self.order)
+        self.pos = 0
+        self.budget = opts.max_tries * max(1, opts.per_rule)
+        self.tries = self.repeats = 0
+        self.seen_after: set[str] = set()
+
+    def advance(self, defer_nvcc: bool) -> bool:
+        """Verify further candidates until enough are kept or pending; False if none was tried."""
+        from ..engine import apply_rule
+        from ..verify import verify_pair
+
+        opts, rule = self.opts, self.rule
+        progressed = False
+        while len(self.kept) + len(self.pending) < opts.per_rule and self.pos < len(self.order):
+            if self.tries >= self.budget or self.repeats >= 4 * self.budget:
+                break
+            site, params = self.cands[self.order[self.pos]]
+            self.pos += 1
+            try:
+                step = apply_rule(rule, self.module, seed=self.rng.randrange(2**31), site=site, params=params)
+            except Exception as e:  # noqa: BLE001
+                self.tries += 1
+                self.attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
+                continue
+            after_text = format_program(step.after.program)
+            if after_text in self.seen_after:
+                self.repeats += 1
+                continue
+            self.seen_after.add(after_text)
+            self.tries += 1
+            progressed = True
+            art: dict = {}
+            res = verify_pair(self.module, step.after, trials=opts.trials, seed=opts.seed, runner=_runner(opts),
+                              timeout_s=opts.timeout_s, nvcc=opts.nvcc and not defer_nvcc,
+                              artifacts=art if opts.with_cuda else None)
+            if not res.equal:
+                self.attempts.append({"rule": rule.id, "outcome": "failed", "reason": res.reason})
+            elif defer_nvcc and "tir_cuda" in art:
+                self.attempts.append(None)  # placeholder: decided by the batched nvcc run
+                self.pending.append((step, res, art, len(self.attempts) - 1))
+            else:
+                self.attempts.append({"rule": rule.id, "outcome": "equal", "reason": res.reason})
+                self.kept.append((step, res, art))
+        return progressed
+
+
+def _nvcc_round(runs: list[_RuleRun]) -> None:
+    """One batched nvcc run (one IRModule, one .cu) over every pending candidate of the
+    program; a failing batch is bisected by :func:`steptp.backend.nvcc_check`."""
+    from ..backend import nvcc_check
+
+    pending = [(r, item) for r in runs for item in r.pending]
+    if not pending:
+        return
+    results = nvcc_check([item[2]["tir_cuda"] for _, item in pending], batch=True)
+    for (run, (step, res, art, slot)), nv in zip(pending, results):
+        if nv.ok is False:
+            reason = f"build: {nv.status}: {nv.reason}"
+            run.attempts[slot] = {"rule": run.rule.id, "outcome": "failed", "reason": reason}
+        else:
+            run.attempts[slot] = {"rule": run.rule.id, "outcome": "equal", "reason": res.reason}
+            run.kept.append((step, res, art))
+    for run in runs:
+        run.pending.clear()
 
 
 def process(src: Source, opts: Options) -> ProgramResult:
-    """Generate the verified steps of one program (runs in a worker process)."""
+    """Generate the verified steps of one program (runs in a worker process).
+
+    For every rule, candidates are sampled in the seeded order and verified (CPU build,
+    run and compare; GPU preflight and CUDA code generation) until ``per_rule`` pass; with
+    nvcc, the candidates that passed are then compiled in ONE batched nvcc run for the
+    whole program, and rules that lost a candidate there try their next ones in another
+    round. The outcome is the same as verifying every candidate with nvcc one by one."""
     from ..backend import nvcc_path
     from ..rules import load_rule
 
@@ -186,14 +242,21 @@ def process(src: Source, opts: Options) -> ProgramResult:
         return ProgramResult(str(src.path), src.key, None, [], [],
                              error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
     nvcc_ran = bool(opts.nvcc and nvcc_path() is not None)
+    defer = nvcc_ran and opts.with_cuda
+    runs = [_RuleRun(load_rule(p), module, src, opts) for p in opts.rule_paths]
+    while True:
+        progressed = [r.advance(defer) for r in runs]
+        if defer:
+            _nvcc_round(runs)
+        if not any(progressed):
+            break
     entries: list[dict] = []
-    attempts: list[dict] = []
     original = None  # lowered lazily: only programs with a verified step need it
-    for rule_path in opts.rule_paths:
-        rule = load_rule(rule_path)
-        for step, res in _verified_steps(rule, module, src, opts, attempts):
+    for run in runs:
+        for step, res, art in run.kept:
             original = original or _lowered(module, opts.with_cuda)
-            entries.append(_entry(src, module, original, original_check, rule, step, res, opts, nvcc_ran))
+            entries.append(_entry(src, module, original, original_check, run.rule, step, res, opts, nvcc_ran, art))
+    attempts = [a for run in runs for a in run.attempts]
     return ProgramResult(str(src.path), src.key, module.signature.name, entries, attempts,
                          seconds=time.perf_counter() - t0)
 

@@ -22,10 +22,10 @@ import json
 import multiprocessing as mp
 import random
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -47,10 +47,31 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     return d
 
 
+def _local_results(todo: list, opts: Options, workers: int) -> Iterator[ProgramResult]:
+    """Results of ``todo`` in input order: in this process, or in ``workers`` long-lived
+    spawn processes (each keeps its verification worker and caches for all its programs)."""
+    if workers <= 1 or len(todo) <= 1:
+        for src in todo:
+            yield process_safe(src, opts)
+        return
+    ctx = mp.get_context("spawn")  # TVM's thread pool is not fork-safe (tvm notes §5)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futs = [pool.submit(process_safe, src, opts) for src in todo]
+        for fut in futs:  # in input order: the files do not depend on timing
+            yield fut.result()
+
+
 def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, policy: FilterPolicy | None = None,
                      workers: int = 1, progress: bool = True,
-                     on_result: Callable[[ProgramResult], None] | None = None) -> dict:
+                     on_result: Callable[[ProgramResult], None] | None = None,
+                     ray_address: str | None = None, use_ray: bool = False) -> dict:
     """Generate (or resume) a dataset into ``outdir``; returns the report dict.
+
+    Programs are recorded in input order whatever the worker count or back end, so
+    ``dictionary.jsonl``, ``attempts.jsonl`` and the derived files are byte-identical
+    for the same inputs, options and seed (``state.jsonl`` holds timings). ``use_ray``
+    distributes programs over a Ray cluster (:mod:`steptp.dataset.distributed`; a local one
+    unless ``ray_address`` names one), ``workers`` then caps the programs in flight.
 
     Raises :class:`DatasetError` when ``outdir`` holds a run made with other options, and
     ``FileNotFoundError``/``ValueError`` for bad inputs (before anything is written).
@@ -96,15 +117,14 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
             on_result(res)
 
     try:
-        if workers <= 1 or len(todo) <= 1:
-            for src in todo:
-                record(process_safe(src, opts))
+        if use_ray:
+            from .distributed import ray_results
+
+            results = ray_results(todo, opts, address=ray_address, in_flight=max(2, 2 * workers))
         else:
-            ctx = mp.get_context("spawn")  # TVM's thread pool is not fork-safe (tvm notes §5)
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                futs = [pool.submit(process_safe, src, opts) for src in todo]
-                for fut in as_completed(futs):
-                    record(fut.result())
+            results = _local_results(todo, opts, workers)
+        for res in results:
+            record(res)
     finally:
         bar.close()
         dict_w.close()
@@ -113,12 +133,14 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     return build_derived(out, policy)
 
 
-def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
-    """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
-    out = Path(outdir)
-    entries = sorted(read_jsonl(out / "dictionary.jsonl"), key=lambda e: e["id"])
-    singles = [single_messages(e) for e in keep_single(entries, policy)]
+def filtered_sets(entries: list[dict], policy: FilterPolicy) -> tuple[list[dict], list[list[dict]]]:
+    """The difficulty-aware filtering of paper §3.4 over dictionary entries (any order).
 
+    Returns ``(single, multi)``: the entries kept as single-answer records (sorted by id) and,
+    per original program with enough kept items, the entries of one multi-answer record
+    (a seeded sample of 2..n items). Deterministic for ``policy.seed`` and the set of entries."""
+    entries = sorted(entries, key=lambda e: e["id"])
+    singles = keep_single(entries, policy)
     by_original: dict[str, list[dict]] = defaultdict(list)
     for e in entries:
         by_original[e["original"]["leir"]].append(e)
@@ -131,8 +153,18 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
         if len(items) < policy.min_multi:
             continue
         k = rng.randint(policy.min_multi, len(items))
-        chosen = rng.sample(items, k)
-        multis.append(multi_messages(chosen))
+        multis.append(rng.sample(items, k))
+    return singles, multis
+
+
+def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
+    """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
+    out = Path(outdir)
+    entries = list(read_jsonl(out / "dictionary.jsonl"))
+    single_entries, multi_groups = filtered_sets(entries, policy)
+    entries = sorted(entries, key=lambda e: e["id"])
+    singles = [single_messages(e) for e in single_entries]
+    multis = [multi_messages(g) for g in multi_groups]
     write_jsonl_atomic(out / "chat_single.jsonl", singles)
     write_jsonl_atomic(out / "chat_multi.jsonl", multis)
 
@@ -165,4 +197,4 @@ def _mean(xs) -> float:
     return round(sum(xs) / len(xs), 1) if xs else 0.0
 
 
-__all__ = ["DatasetError", "generate_dataset", "build_derived"]
+__all__ = ["DatasetError", "generate_dataset", "filtered_sets", "build_derived"]

