@@ -11,7 +11,7 @@ Public API::
 from .apply import NoMatch, Step, apply_rule, check_rule, list_candidates
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError
-from . import listvalues  # noqa: F401,E402 - registers loops_without / subst_index value functions
+from . import listvalues  # noqa: F401,E402 - registers the loop-list / term value functions (let:)
 
 __all__ = ["NoMatch", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",
            "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]
