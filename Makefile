@@ -28,7 +28,8 @@ demo: install
 	$(STP) apply rules/loop_split.yaml $(OUT)/matmul.leir --seed 0 -o $(OUT)/matmul_split.leir
 	$(STP) verify $(OUT)/matmul.leir $(OUT)/matmul_split.leir
 	$(STP) dataset examples -o $(OUT) --seed 0
-	@echo "demo dataset written to $(OUT)/"
+	$(STP) report $(OUT) > /dev/null
+	@echo "demo dataset written to $(OUT)/ (summary: $(OUT)/report.md)"
 
 test: install
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
