@@ -31,7 +31,8 @@ demo: install
 	$(STP) apply rules/online_softmax.yaml $(OUT)/softmax.leir -o $(OUT)/softmax_online.leir
 	$(STP) verify $(OUT)/softmax.leir $(OUT)/softmax_online.leir
 	$(STP) dataset examples -o $(OUT) --seed 0
-	@echo "demo dataset written to $(OUT)/"
+	$(STP) report $(OUT) > /dev/null
+	@echo "demo dataset written to $(OUT)/ (summary: $(OUT)/report.md)"
 
 test: install
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)

@@ -3,8 +3,8 @@
 For a source program: translate it (PyTorch) or parse it (``.leir``); verify the original
 (against PyTorch eager for ``.py`` sources, three seeded trials); then for every rule that
 matches, try candidates (site x parameters, in an order drawn from the run's seed) until
-one transformed program passes Diff/Build/Exec/Equal against the original. Each
-success becomes one dictionary entry; each failed attempt is reported, never written as
+``per_rule`` transformed programs pass Diff/Build/Exec/Equal against the original (nvcc
+batched per program, see :func:`process`). Each success becomes one dictionary entry; each failed attempt is reported, never written as
 data. Everything random derives from ``(seed, program key, rule id)``, so a run is
 reproducible whatever the worker count or order.
 """
