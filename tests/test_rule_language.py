@@ -464,3 +464,17 @@ def test_a_brand_new_rule_from_a_temporary_directory(tmp_path):
     assert "abs(" in out.read_text()
     res = stp("rules", "test", tmp_path / "sqrt_of_square.yaml")
     assert res.exit_code == 0 and "2 test(s), all passed" in res.output
+
+
+def test_existing_preflight_problems_are_not_blamed_on_a_rule_that_shifts_nests():
+    # nest 1 already fails the preflight (no thread binding); rfactor inserts a nest before it
+    m = parse_leir("""% program: t
+% input A: f32[4,8]
+% output C: f32[4]
+% output E: f32[4]
+B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx}=C^{f32,g}_{tx}+A^{f32,g}_{tx,a};];
+L^{4}_{c=0}[E^{f32,g}_{c}=A^{f32,g}_{c,0}*2.0;];
+""")
+    rf = {x.id: x for x in load_rules()}["reduction_factorization"]
+    step = apply_rule(rf, m, params={"f": 2})
+    assert len(step.after.program.nests) == 3
