@@ -494,15 +494,12 @@ def compile_rule(rule) -> CompiledRule:
     wc = _WhereCompiler(sorts, rule.id)
     negs: list[list[str]] = []
     checks: list[tuple[str, str]] = []
-    groups: list[list[str]] = [list(atoms)]       # the match atoms, then one group per positive clause
     for i, item in enumerate(rule.where):
         if isinstance(item, dict) and "check" in item:
             checks.append((f"where[{i}].check", item["check"]))
             continue
         pos_atoms, neg = wc.compile_item(item, f"where[{i}]")
         atoms += pos_atoms
-        if pos_atoms:
-            groups.append(pos_atoms)
         if neg is not None:
             negs.append(neg)
     # variables first declared inside a 'not ( ... )' group and bound by no positive atom
@@ -547,82 +544,27 @@ def compile_rule(rule) -> CompiledRule:
     tag = f"{rid}__{rule.key}"
     rel = f"cand__{tag}"
     rs = {k: f"{k}_rs__{tag}" for k in ("cand", "neg", "fin")}
-    def emit(staged: bool) -> list[str]:
-        lines = [f"(ruleset {rs['cand']})", f"(ruleset {rs['neg']})", f"(ruleset {rs['fin']})",
-                 f"(relation {rel} ({egg_sorts}))"]
-        body = " ".join(atoms)
-        if staged:
-            # staged join plan: materialise the bindings after each clause, in the written order
-            # (match first), so one clause can never be joined against the unfiltered others
-            # (a many-clause precondition otherwise risked a cross product of per-nest facts)
-            stage_lines, body = _staged(groups, columns, sorts, tag, rs["cand"])
-            lines += stage_lines
-        if negs:
-            lines += [f"(relation pre__{tag} ({egg_sorts}))",
-                      f"(function blk__{tag} ({egg_sorts}) bool :merge (or old new))",
-                      f"(rule ({body}) ((pre__{tag} {cols})) :ruleset {rs['cand']} :name \"{rid}\")",
-                      f"(rule ((pre__{tag} {cols})) ((set (blk__{tag} {cols}) false)) :ruleset {rs['neg']})"]
-            for g in negs:
-                lines.append(f"(rule ((pre__{tag} {cols}) {' '.join(g)}) ((set (blk__{tag} {cols}) true)) "
-                             f":ruleset {rs['neg']})")
-            lines.append(f"(rule ((pre__{tag} {cols}) (= (blk__{tag} {cols}) false)) ((cand__{tag} {cols})) "
-                         f":ruleset {rs['fin']})")
-        else:
-            lines.append(f"(rule ({body}) (({rel} {cols})) :ruleset {rs['cand']} :name \"{rid}\")")
-        return lines
-
-    lines = emit(True) if len(groups) > STAGE_MIN_CLAUSES else emit(False)
-    if len(groups) > STAGE_MIN_CLAUSES and not _egglog_accepts("\n".join(lines)):
-        lines = emit(False)      # e.g. a comparison written before the clause binding its variable
+    lines = [f"(ruleset {rs['cand']})", f"(ruleset {rs['neg']})", f"(ruleset {rs['fin']})",
+             f"(relation {rel} ({egg_sorts}))"]
+    body = " ".join(atoms)
+    if negs:
+        lines += [f"(relation pre__{tag} ({egg_sorts}))",
+                  f"(function blk__{tag} ({egg_sorts}) bool :merge (or old new))",
+                  f"(rule ({body}) ((pre__{tag} {cols})) :ruleset {rs['cand']} :name \"{rid}\")",
+                  f"(rule ((pre__{tag} {cols})) ((set (blk__{tag} {cols}) false)) :ruleset {rs['neg']})"]
+        for g in negs:
+            lines.append(f"(rule ((pre__{tag} {cols}) {' '.join(g)}) ((set (blk__{tag} {cols}) true)) "
+                         f":ruleset {rs['neg']})")
+        lines.append(f"(rule ((pre__{tag} {cols}) (= (blk__{tag} {cols}) false)) ((cand__{tag} {cols})) "
+                     f":ruleset {rs['fin']})")
+    else:
+        lines.append(f"(rule ({body}) (({rel} {cols})) :ruleset {rs['cand']} :name \"{rid}\")")
     schedule = (f"(run-schedule (saturate (run {rs['cand']})) (saturate (run {rs['neg']})) "
                 f"(saturate (run {rs['fin']})))")
     cr = CompiledRule(rid, rule.key, scope, pattern, dict(sorts), columns, "\n".join(lines), rel, bool(negs),
                       scope_vars, schedule, tuple(c for _, c in checks))
     _COMPILED[rule.key] = cr
     return cr
-
-
-#: Rules with more than this many clause groups (the match counts as one) are compiled
-#: to a staged join plan (:func:`_staged`).
-STAGE_MIN_CLAUSES = 4
-
-
-def _staged(groups: list[list[str]], columns: list[str], sorts: dict[str, str], tag: str,
-            ruleset: str) -> tuple[list[str], str]:
-    """Chain of egglog rules ``stage_k(bound vars) <- stage_{k-1}, clause_k``; returns the
-    declarations/rules of all but the last stage and the body of the last one (to be used
-    as the candidate rule's query). Only metavariables are carried between stages; a
-    clause's temporaries and wildcards stay local to it."""
-    lines: list[str] = []
-    seen_text = ""
-    prev: tuple[str, list[str]] | None = None
-    for k, g in enumerate(groups[:-1]):
-        seen_text += " " + " ".join(g)
-        used = _atom_vars(seen_text)
-        vars_k = [c for c in columns if P.qvar(c) in used]
-        name = f"st{k}__{tag}"
-        lines.append(f"(relation {name} ({' '.join(EGG_SORT[sorts[c]] for c in vars_k)}))")
-        head = f"({name} {' '.join(P.qvar(c) for c in vars_k)})"
-        body = ([f"({prev[0]} {' '.join(P.qvar(c) for c in prev[1])})"] if prev else []) + g
-        lines.append(f"(rule ({' '.join(body)}) ({head}) :ruleset {ruleset})")
-        prev = (name, vars_k)
-    assert prev is not None
-    last = f"({prev[0]} {' '.join(P.qvar(c) for c in prev[1])}) " + " ".join(groups[-1])
-    return lines, last
-
-
-def _egglog_accepts(text: str) -> bool:
-    global _SCRATCH
-    if _SCRATCH is None:
-        _SCRATCH = EggSession()
-    _SCRATCH.run("(push)")
-    try:
-        _SCRATCH.run(text)
-        return True
-    except Exception:  # noqa: BLE001 - egglog raises its own error types
-        return False
-    finally:
-        _SCRATCH.run("(pop)")
 
 
 def check_in_egglog(cr: CompiledRule) -> None:
