@@ -208,7 +208,17 @@ def process_safe(src: Source, opts: Options) -> ProgramResult:
 
 
 def _jsonable(x):
-    return json.loads(json.dumps(x, default=str))
+    return json.loads(json.dumps(x, default=_leir_or_str))
+
+
+def _leir_or_str(x) -> str:
+    """JSON fallback: LEIR nodes (e.g. a parameter that is a subterm) as LEIR text."""
+    from ..leir import ast as A
+    from ..leir.printer import format_node
+
+    if isinstance(x, (A.Int, A.Float, A.Index, A.Tensor, A.Neg, A.BinOp, A.Call, A.Compare, A.BoolOp, A.Not)):
+        return format_node(x)
+    return str(x)
 
 
 __all__ = ["Options", "ProgramResult", "entry_id", "load_source", "process", "process_safe"]

@@ -11,6 +11,7 @@ Public API::
 from .apply import NoMatch, Step, apply_rule, check_rule, list_candidates
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError
+from . import mathprims  # noqa: F401,E402 - registers the algebra primitive, filter and domains
 
 __all__ = ["NoMatch", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",
            "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]
