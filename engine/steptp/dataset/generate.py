@@ -127,10 +127,20 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "original": original,
         "transformed": _lowered(step.after, opts.with_cuda),
         "cot": step.cot,
-        "verification": {**res.to_dict(), "nvcc": nvcc_ran},
+        "verification": {**res.to_dict(), "nvcc": nvcc_ran, "symbolic": _symbolic(rule, module, step)},
         "original_verification": original_check,
         "seed": opts.seed,
     }
+
+
+def _symbolic(rule, module: LeirModule, step) -> str | None:
+    """Math rules: ``proved`` / ``unknown`` / ``disproved`` from the bounded symbolic check
+    (:func:`steptp.engine.algebra.symbolic_check_programs`); None for other categories."""
+    if rule.category != "math":
+        return None
+    from ..engine.algebra import symbolic_check_programs
+
+    return symbolic_check_programs(module.program, step.after.program)
 
 
 def _verified_steps(rule, module: LeirModule, src: Source, opts: Options, attempts: list[dict]):

@@ -144,16 +144,18 @@ def count_nodes(e: A.Expr) -> int:
     return 1 + sum(count_nodes(c) for c in A.children(e))
 
 
-def to_sympy(e: A.Expr, table: SymbolTable) -> sp.Expr:
-    """Convert a LEIR value expression to sympy (see the module docstring).
+def to_sympy(e: A.Expr, table: SymbolTable, keep: bool = True) -> sp.Expr:
+    """Convert a LEIR value expression to sympy (see the module docstring). With ``keep``
+    a product ``c*(x+y)`` of a number and a sum stays as written (sympy would distribute
+    it); ``keep=False`` gives sympy's fully evaluated form.
 
     Raises :class:`AlgebraError` when ``e`` has more than :data:`MAX_NODES` nodes."""
     if count_nodes(e) > MAX_NODES:
         raise AlgebraError(f"expression larger than {MAX_NODES} nodes")
-    return _to(e, table)
+    return _to(e, table, keep)
 
 
-def _to(e: A.Expr, t: SymbolTable) -> sp.Expr:
+def _to(e: A.Expr, t: SymbolTable, keep: bool = True) -> sp.Expr:
     if isinstance(e, A.Int):
         return sp.Integer(e.value)
     if isinstance(e, A.Float):
@@ -163,22 +165,26 @@ def _to(e: A.Expr, t: SymbolTable) -> sp.Expr:
     if isinstance(e, (A.Tensor, A.Index)):
         return t.symbol(e)
     if isinstance(e, A.Neg):
-        return -_to(e.operand, t)
+        return -_to(e.operand, t, keep)
     if isinstance(e, A.BinOp):
         if e.op in ("//", "%"):
             return t.symbol(e, opaque=True)
-        a, b = _to(e.lhs, t), _to(e.rhs, t)
+        a, b = _to(e.lhs, t, keep), _to(e.rhs, t, keep)
         if e.op == "+":
             return a + b
         if e.op == "-":
             return a - b
         if e.op == "*":
+            if keep and ((a.is_Number and b.is_Add) or (b.is_Number and a.is_Add)):
+                # keep c*(x+y) as written: sympy would distribute the number automatically,
+                # rewriting e.g. a tanh argument that the named step never touches
+                return sp.Mul(a, b, evaluate=False)
             return a * b
         if e.op == "/":
             return a / b
         return sp.Pow(a, b)
     if isinstance(e, A.Call) and e.func in _FN_TO_SYMPY:
-        return _FN_TO_SYMPY[e.func](*[_to(x, t) for x in e.args])
+        return _FN_TO_SYMPY[e.func](*[_to(x, t, keep) for x in e.args])
     return t.symbol(e, opaque=True)  # if_then_else, comparisons, boolean operators
 
 
@@ -314,6 +320,8 @@ def _factor(e, _x=None):
     else:
         r = sp.factor(e)
     coeff, rest = r.as_coeff_Mul()
+    if not e.is_Add:
+        return r
     if coeff not in (1, -1) and rest.is_Mul:
         fs = list(rest.as_ordered_factors())
         for i, f in enumerate(fs):
@@ -326,7 +334,13 @@ def _factor(e, _x=None):
 
 
 def _expand(e, _x=None):
-    return sp.expand(e, power_exp=False, power_base=False, log=False, mul=True, multinomial=True)
+    """Multiply out products and integer powers of sums (sympy ``expand`` with ``mul`` and
+    ``multinomial``) at the site itself: function calls are frozen, so an argument such as
+    ``tanh(c*(x+y))`` is left as written."""
+    calls = sorted({f for f in e.atoms(sp.Function)}, key=sp.default_sort_key)
+    frozen = {f: sp.Dummy(f"f{i}") for i, f in enumerate(calls)}
+    r = sp.expand(e.xreplace(frozen), power_exp=False, power_base=False, log=False, mul=True, multinomial=True)
+    return r.xreplace({v: k for k, v in frozen.items()})
 
 
 def _expand_powsimp(e, _x=None):
@@ -450,8 +464,9 @@ def _apply(expr: A.Expr, function: str, arg: A.Expr | None) -> tuple[A.Expr, sp.
             return None
         new = from_sympy(r, table)
         same = from_sympy(s, table)
-    if new == same or new == expr:
-        return None  # only a reformatting
+        evaluated = from_sympy(to_sympy(expr, table, keep=False), table)
+    if new in (same, expr, evaluated):
+        return None  # only a reformatting, or only sympy's automatic evaluation
     return new, s, r, table
 
 

@@ -157,42 +157,43 @@ def _in_condition(value: A.Expr, term: A.Expr) -> bool:
     return False
 
 
-_MAY_BE_ZERO = ("max", "min", "abs", "if_then_else")
-
-
-def reusable_terms(module, env: dict, term: A.Expr, identity: float) -> list[A.Expr]:
+def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -> list[A.Expr]:
     """Existing values a split strategy may introduce at ``term`` (paper App. A.3:
     "introducing an existing variable"), deterministic order:
 
     1. guarded previous elements: for each floating-point tensor access ``T_{..,k}`` of
        ``term`` whose last subscript is a loop index ``k`` (extent >= 2) and that is not
-       written in the site's nest or later, ``if_then_else(k<1, identity, T_{..,k-1})``
-       (with ``identity == 1``, i.e. a divisor, not for tensors written by an equation
-       using max/min/abs/if_then_else: ReLU, clamps and masks give exact zeros);
+       written in the site's nest or later, ``if_then_else(k<1, identity, T_{..,k-1})``;
     2. earlier outputs: ``X_{s}`` for each floating-point tensor written (only) by an
        earlier top-level sibling nest with the same loops, at a subscript of plain loop
-       indices and integers (with ``identity == 1``, the same exact-zero exclusion).
+       indices and integers.
 
-    The site must lie in a floating-point equation, must not be the accumulator of an
-    accumulation, and must not occur inside a comparison; otherwise the list is empty."""
+    Tensors written by an equation calling one of the functions ``avoid`` are never used
+    (floating-point honesty, chosen by the rule: ``[max, min, abs, if_then_else]`` keeps
+    exact zeros out of a divisor, ``[exp]`` keeps values that may be huge out of an
+    exponent).
+
+    The site must lie in a floating-point equation, must not be or contain the equation's
+    target (the accumulator of ``X = X + f`` or ``X = max(X, f)``), and must not occur inside
+    a comparison; otherwise the list is empty."""
     prog = module.program
     ref = env.get("eq")
     if not isinstance(ref, EqRef):
         return []
     eq = get_item(prog, ref.path)
-    if eq.target.dtype not in G.FLOAT_DTYPES or term == eq.target or _in_condition(eq.value, term):
-        return []
+    if eq.target.dtype not in G.FLOAT_DTYPES or _in_condition(eq.value, term) \
+            or any(x == eq.target for x in A.walk(term)):
+        return []  # never the accumulator (nor a term containing it): X = max(X, f) keeps its form
     top = ref.path[0]
     loops = {l.var: l.extent for l in _enclosing_loops(prog, ref.path)}
     writers = _writers(prog)
-    zero_ok = identity != 1
-    may_be_zero = {eq2.target.name for _, eq2 in prog.equations()
-                   if any(isinstance(y, A.Call) and y.func in _MAY_BE_ZERO for y in A.walk(eq2.value))}
+    avoided = {eq2.target.name for _, eq2 in prog.equations()
+               if any(isinstance(y, A.Call) and y.func in avoid for y in A.walk(eq2.value))}
     out: list[A.Expr] = []
     for t in _value_tensors(term):
         if t.dtype not in G.FLOAT_DTYPES or not t.indices or t == eq.target:
             continue
-        if any(n >= top for n in writers.get(t.name, ())) or (not zero_ok and t.name in may_be_zero):
+        if any(n >= top for n in writers.get(t.name, ())) or t.name in avoided:
             continue
         k = t.indices[-1]
         if isinstance(k, A.Index) and loops.get(k.name, 0) >= 2:
@@ -214,20 +215,21 @@ def reusable_terms(module, env: dict, term: A.Expr, identity: float) -> list[A.E
                 continue
             if not all(isinstance(i, A.Int) or (isinstance(i, A.Index) and i.name in vars0) for i in x.indices):
                 continue
-            if not zero_ok and x.name in may_be_zero:
+            if x.name in avoided:
                 continue
             if x not in out:
                 out.append(x)
     return out
 
 
-@extra_domain("reusable_terms", modifiers=("identity",))
+@extra_domain("reusable_terms", modifiers=("identity", "avoid"))
 def domain_reusable_terms(spec: dict, ctx: EvalContext) -> list:
-    """See :func:`reusable_terms`; ``identity`` (default 0) fills the guarded first element."""
+    """See :func:`reusable_terms`; ``identity`` (default 0) fills the guarded first element,
+    ``avoid`` lists functions whose outputs are never introduced."""
     term = eval_value(spec["reusable_terms"], ctx)
     if not isinstance(term, (A.Tensor, A.Call)) or (isinstance(term, A.Call) and term.func == "if_then_else"):
         return []
-    return reusable_terms(ctx.module, ctx.env, term, float(spec.get("identity", 0)))
+    return reusable_terms(ctx.module, ctx.env, term, float(spec.get("identity", 0)), tuple(spec.get("avoid", ())))
 
 
 __all__ = ["filter_normal_form", "prim_normal_form", "domain_atoms_of", "domain_exp_factors_of", "reusable_terms",

@@ -58,6 +58,7 @@ _DOMAIN = {
         "exp_factors_of": {"type": "string"},
         "reusable_terms": {"type": "string"},
         "identity": {"type": ["integer", "number"]},
+        "avoid": {"type": "array", "items": {"type": "string"}},
     },
 }
 
