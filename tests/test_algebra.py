@@ -174,3 +174,14 @@ def test_split_domains_honour_avoid_and_accumulators():
     assert () not in sites                          # max(E, A) contains the accumulator E
     ecs = [format_expr(p["c"]) for s, p in list_candidates(rule("exponential_split"), m) if s.equation == (2, 0)]
     assert "D^{f32,g}_{tx,a}" in ecs and "F^{f32,g}_{tx,a}" not in ecs   # exp outputs may overflow in exp(c)
+
+
+def test_egglog_saturation_proves_simple_steps_and_refuses_wrong_ones():
+    from steptp.engine.equiv import egglog_prove
+
+    assert egglog_prove(val(f"exp({Aa})*exp({Wa})"), val(f"exp({Aa}+{Wa})"))
+    assert egglog_prove(val(f"{Aa}*{Ac}+{Aa}*{Wa}"), val(f"{Aa}*({Ac}+{Wa})"))
+    assert egglog_prove(val(f"exp({Aa}-if_then_else(a<1,0.0,{Ac}))*exp(if_then_else(a<1,0.0,{Ac}))"),
+                        val(f"exp({Aa})"))
+    assert not egglog_prove(val(f"{Aa}*{Ac}"), val(f"{Aa}*{Aa}"))              # subscripts stay apart
+    assert not egglog_prove(val(f"log({Aa})+log({Wa})"), val(f"log({Aa}*{Wa})"))  # needs a, b > 0

@@ -24,8 +24,9 @@ module is the one generic bridge between LEIR and sympy that every math rule use
 * :func:`algebraic_target` picks what a site rewrites: an ``expr`` site's subterm, or an
   equation's value - only ``f`` of an accumulation ``X = X + f`` (also ``*``, ``-``,
   ``max``, ``min``), never the accumulator form.
-* :func:`symbolic_check` tries to prove ``before == after`` (sympy
-  ``simplify(before - after) == 0``, bounded in time) and returns ``proved``,
+* :func:`symbolic_check` tries to prove ``before == after`` (bounded egglog equality
+  saturation first, :mod:`steptp.engine.equiv`; then sympy ``simplify(before - after) ==
+  0``, bounded in time) and returns ``proved``,
   ``disproved`` (a high-precision evaluation at random points differs) or ``unknown``.
 
 Conversion is deterministic (symbols are named after the canonical LEIR text of what they
@@ -409,6 +410,15 @@ FUNCTIONS: dict[str, tuple[Callable, bool]] = {
 }
 
 
+#: How each normal form is done in sympy terms (for the CoT).
+SYMPY_CALLS: dict[str, str] = {
+    "factor": "factor", "expand": "expand (mul, multinomial)", "cancel": "cancel",
+    "expand_cancel": "fraction and expand (numerator and denominator times one factor)", "apart": "apart",
+    "together": "together", "powsimp": "powsimp", "expand_powsimp": "expand (power_exp, power_base)",
+    "collect": "collect", "distribute": "expand_mul (one factor over one sum)",
+}
+
+
 def atoms(e: A.Expr) -> list[A.Expr]:
     """Distinct symbol-like subterms of ``e`` usable as the argument of ``collect``,
     ``apart`` and ``distribute``: tensor accesses and calls of exp/log/sqrt/tanh/erf (in
@@ -655,11 +665,19 @@ def _numeric_disagree(b: sp.Expr, a: sp.Expr, symbols, trials: int = 4) -> bool:
 def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S) -> str:
     """Try to prove two LEIR value expressions equal (tensor accesses are symbols).
 
-    Returns ``"proved"`` when ``sympy.simplify(before - after) == 0`` (or the difference
-    already evaluates to 0), ``"disproved"`` when a 50-digit evaluation at seeded random
+    Returns ``"proved"`` when bounded egglog equality saturation
+    (:func:`steptp.engine.equiv.egglog_prove`) shows it, or else when
+    ``sympy.simplify(before - after) == 0`` (or the difference already evaluates to 0), ``"disproved"`` when a 50-digit evaluation at seeded random
     points in (0.2, 1.8) differs by more than 1e-6 relative, else ``"unknown"`` (also when
     the two differ only by the rounding of a folded decimal constant) (time-out, unsupported
     construct). Bounded by ``seconds``."""
+    from .equiv import egglog_prove
+
+    try:
+        if egglog_prove(before, after):
+            return "proved"
+    except Exception:  # noqa: BLE001 - the e-graph is only a fast path; sympy decides next
+        pass
     table = SymbolTable()
     try:
         with time_limit(seconds):
@@ -700,5 +718,5 @@ def symbolic_check_programs(before: A.Program, after: A.Program) -> str:
 
 
 __all__ = ["TIME_LIMIT_S", "MAX_NODES", "FLOAT_DTYPES", "AlgebraError", "AlgebraTimeout", "time_limit",
-           "SymbolTable", "to_sympy", "from_sympy", "count_nodes", "FUNCTIONS", "atoms", "exp_factors",
+           "SymbolTable", "to_sympy", "from_sympy", "count_nodes", "FUNCTIONS", "SYMPY_CALLS", "atoms", "exp_factors",
            "normal_form", "describe", "algebraic_target", "accumulation", "replace_target", "symbolic_check", "symbolic_check_programs"]

@@ -100,7 +100,8 @@ def prim_normal_form(ctx: RewriteContext, function, arg=None):
         raise RewriteError(f"normal_form: {function} does not change '{format_expr(target)}'")
     ctx.program = replace_item(ctx.program, path, A.Assign(eq.target, G.replace_target(eq, s.expr, new)))
     ctx.changes.append(Change("normal_form", format_expr(target), format_expr(new), str(EqRef(path)),
-                              {"function": function, "arg": format_expr(x) if x is not None else "",
+                              {"function": function, "sympy": G.SYMPY_CALLS.get(function, function),
+                               "arg": format_expr(x) if x is not None else "",
                                "part": "subterm" if s.expr is not None else
                                ("right-hand side" if not epath and not is_chain else "accumulated term"),
                                "step": G.describe(target, function, x)}))
