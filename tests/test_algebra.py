@@ -165,15 +165,19 @@ def test_split_domains_honour_avoid_and_accumulators():
     text = HEAD.replace("% output C", "% output E: f32[4]\n% output C") + (
         "B^{4}_{tx=0}L^{8}_{a=0}[D^{f32,g}_{tx,a}=max(" + Aa + ",0.0);];"
         "B^{4}_{tx=0}L^{8}_{a=0}[F^{f32,g}_{tx,a}=exp(" + Wa + ");];"
+        "B^{4}_{tx=0}L^{8}_{a=0}[K^{f32,g}_{tx,a}=F^{f32,g}_{tx,a}*2.0;];"
+        "B^{4}_{tx=0}L^{8}_{a=0}[M^{f32,g}_{tx,a}=" + Wa + "*" + Wa + "+1.0;];"
         "B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}=D^{f32,g}_{tx,a}*" + Wa + "+exp(" + Aa + ");E^{f32,g}_{tx}=max(E^{f32,g}_{tx}," + Aa + ");];")
     m = parse_leir(text)
     cs = [format_expr(p["c"]) for _, p in list_candidates(rule("multiplicative_split"), m)]
     assert "D^{f32,g}_{tx,a}" not in cs            # a ReLU output may be exactly zero
-    assert "F^{f32,g}_{tx,a}" in cs
-    sites = {s.expr for s, _ in list_candidates(rule("multiplicative_split"), m) if s.equation == (2, 1)}
+    assert "F^{f32,g}_{tx,a}" not in cs and "K^{f32,g}_{tx,a}" not in cs   # exp underflows, K inherits it
+    assert "M^{f32,g}_{tx,a}" in cs
+    sites = {s.expr for s, _ in list_candidates(rule("multiplicative_split"), m) if s.equation == (4, 1)}
     assert () not in sites                          # max(E, A) contains the accumulator E
-    ecs = [format_expr(p["c"]) for s, p in list_candidates(rule("exponential_split"), m) if s.equation == (2, 0)]
-    assert "D^{f32,g}_{tx,a}" in ecs and "F^{f32,g}_{tx,a}" not in ecs   # exp outputs may overflow in exp(c)
+    ecs = [format_expr(p["c"]) for s, p in list_candidates(rule("exponential_split"), m) if s.equation == (4, 0)]
+    assert "D^{f32,g}_{tx,a}" in ecs and "M^{f32,g}_{tx,a}" in ecs
+    assert "F^{f32,g}_{tx,a}" not in ecs and "K^{f32,g}_{tx,a}" not in ecs  # exp outputs may overflow in exp(c)
 
 
 def test_egglog_saturation_proves_simple_steps_and_refuses_wrong_ones():

@@ -1,5 +1,7 @@
 """Registrations that let rule files use :mod:`steptp.engine.algebra` (generic, any rule).
 
+sympy is imported on first use, so importing :mod:`steptp.engine` stays fast.
+
 * rewrite primitive ``normal_form: {function: F, arg: ?x}`` - replaces the site's
   algebraic target (:func:`~steptp.engine.algebra.algebraic_target`: an ``expr`` site's
   subterm, or an equation's value minus its accumulator form) by the sympy normal form
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 from ..leir import ast as A
 from ..leir.printer import format_expr
-from . import algebra as G
 from .filters import candidate_filter, extra_domain
 from .primitives import (Change, EqRef, EvalContext, RewriteContext, RewriteError, ValueExprError, eval_value,
                          get_item, primitive, replace_item)
@@ -39,6 +40,8 @@ def _equation(module, env) -> A.Assign:
 def _target_of(module, env, value=None) -> A.Expr:
     """The algebraic target for the bindings: ``value`` if it is a term, the target of the
     equation ``value``/``?eq`` otherwise (expr sites: the site subterm)."""
+    from . import algebra as G
+
     if value is not None and not isinstance(value, EqRef):
         return value
     if value is None and "site" in env and not isinstance(env["site"], EqRef):
@@ -57,6 +60,8 @@ def _arg(module, env, arg):
 
 
 def _arg_domain(function: str, target: A.Expr) -> list:
+    from . import algebra as G
+
     if function == "expand_cancel":
         return G.exp_factors(target)
     return G.atoms(target)
@@ -65,6 +70,8 @@ def _arg_domain(function: str, target: A.Expr) -> list:
 @candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from"))
 def filter_normal_form(module, env, function, arg=None, distinct_from=()):
     """The normal form ``function`` changes the site (see the module docstring)."""
+    from . import algebra as G
+
     eq = _equation(module, env)
     if eq.target.dtype not in G.FLOAT_DTYPES:
         return False
@@ -87,6 +94,8 @@ def prim_normal_form(ctx: RewriteContext, function, arg=None):
     """Replace the site's algebraic target (an ``expr`` site's subterm; an equation's value
     without its accumulator form) by its sympy normal form ``function``
     (:data:`steptp.engine.algebra.FUNCTIONS`), tensor accesses kept apart by subscript."""
+    from . import algebra as G
+
     s = ctx.site
     if s.equation is None:
         raise RewriteError("normal_form needs an equation or expr site")
@@ -110,12 +119,16 @@ def prim_normal_form(ctx: RewriteContext, function, arg=None):
 @extra_domain("atoms_of")
 def domain_atoms_of(spec: dict, ctx: EvalContext) -> list:
     """Tensor accesses and exp/log/sqrt/tanh/erf calls of the target (first-occurrence order)."""
+    from . import algebra as G
+
     return G.atoms(_target_of(ctx.module, ctx.env, eval_value(spec["atoms_of"], ctx)))
 
 
 @extra_domain("exp_factors_of")
 def domain_exp_factors_of(spec: dict, ctx: EvalContext) -> list:
     """``exp(u)`` and ``exp(-u)`` for every ``exp(u)`` of the target."""
+    from . import algebra as G
+
     return G.exp_factors(_target_of(ctx.module, ctx.env, eval_value(spec["exp_factors_of"], ctx)))
 
 
@@ -158,6 +171,26 @@ def _in_condition(value: A.Expr, term: A.Expr) -> bool:
     return False
 
 
+def _tainted(prog: A.Program, avoid: set[str]) -> set[str]:
+    """Tensors written by an equation that calls a function in ``avoid`` or reads a tensor
+    already in the set (transitively: ``H = G*2`` inherits the exact zeros of
+    ``G = 0.5*F*(1+tanh(..))``)."""
+    if not avoid:
+        return set()
+    eqs = [eq for _, eq in prog.equations()]
+    out = {eq.target.name for eq in eqs
+           if any(isinstance(y, A.Call) and y.func in avoid for y in A.walk(eq.value))}
+    changed = True
+    while changed:
+        changed = False
+        for eq in eqs:
+            if eq.target.name not in out and any(isinstance(y, A.Tensor) and y.name in out and y.name != eq.target.name
+                                                 for y in A.walk(eq.value)):
+                out.add(eq.target.name)
+                changed = True
+    return out
+
+
 def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -> list[A.Expr]:
     """Existing values a split strategy may introduce at ``term`` (paper App. A.3:
     "introducing an existing variable"), deterministic order:
@@ -169,14 +202,17 @@ def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -
        earlier top-level sibling nest with the same loops, at a subscript of plain loop
        indices and integers.
 
-    Tensors written by an equation calling one of the functions ``avoid`` are never used
-    (floating-point honesty, chosen by the rule: ``[max, min, abs, if_then_else]`` keeps
-    exact zeros out of a divisor, ``[exp]`` keeps values that may be huge out of an
-    exponent).
+    Tensors computed (directly or through other tensors) with one of the functions
+    ``avoid`` are never used (floating-point honesty, chosen by the rule: ``[max, min, abs,
+    if_then_else, tanh, erf, exp]`` keeps values that can be exactly zero - clamps, masks,
+    saturated tanh/erf, underflowed exp - out of a divisor; ``[exp]`` keeps values that may
+    be huge out of an exponent).
 
     The site must lie in a floating-point equation, must not be or contain the equation's
     target (the accumulator of ``X = X + f`` or ``X = max(X, f)``), and must not occur inside
     a comparison; otherwise the list is empty."""
+    from . import algebra as G
+
     prog = module.program
     ref = env.get("eq")
     if not isinstance(ref, EqRef):
@@ -188,8 +224,7 @@ def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -
     top = ref.path[0]
     loops = {l.var: l.extent for l in _enclosing_loops(prog, ref.path)}
     writers = _writers(prog)
-    avoided = {eq2.target.name for _, eq2 in prog.equations()
-               if any(isinstance(y, A.Call) and y.func in avoid for y in A.walk(eq2.value))}
+    avoided = _tainted(prog, set(avoid))
     out: list[A.Expr] = []
     for t in _value_tensors(term):
         if t.dtype not in G.FLOAT_DTYPES or not t.indices or t == eq.target:
