@@ -189,3 +189,15 @@ def test_egglog_saturation_proves_simple_steps_and_refuses_wrong_ones():
                         val(f"exp({Aa})"))
     assert not egglog_prove(val(f"{Aa}*{Ac}"), val(f"{Aa}*{Aa}"))              # subscripts stay apart
     assert not egglog_prove(val(f"log({Aa})+log({Wa})"), val(f"log({Aa}*{Wa})"))  # needs a, b > 0
+
+
+def test_bad_filter_is_a_rule_error_naming_the_field():
+    from steptp.rules import RuleError, load_rule_text
+
+    text = (rules_dir() / "factorization.yaml").read_text().replace("- normal_form:\n      function: factor",
+                                                                   "- normal_fom:\n      function: factor", 1)
+    with pytest.raises(RuleError, match=r"filter\[0\]\.normal_fom: unknown filter"):
+        load_rule_text(text, "<bad>")
+    text2 = (rules_dir() / "factorization.yaml").read_text().replace("function: factor\n", "function: factor\n      bogus: 1\n", 1)
+    with pytest.raises(RuleError, match=r"filter\[0\]\.normal_form: unknown argument"):
+        load_rule_text(text2, "<bad>")
