@@ -20,6 +20,16 @@ rules_app = typer.Typer(no_args_is_help=True, help="Inspect and self-test the ru
 app.add_typer(rules_app, name="rules")
 
 
+def _param_text(v) -> str:
+    """JSON fallback for parameter values: LEIR subterms (math domains) as LEIR text."""
+    from .leir import ast as A
+    from .leir.printer import format_node
+
+    if isinstance(v, (A.Int, A.Float, A.Index, A.Tensor, A.Neg, A.BinOp, A.Call, A.Compare, A.BoolOp, A.Not)):
+        return format_node(v)
+    return str(v)
+
+
 def _fail(msg: str, code: int = 2) -> None:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
@@ -164,7 +174,7 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
             _fail(f"rule {r.id}: every candidate in {program} is rejected", 1)
     if all_:
         for i, (s, params) in enumerate(cands):
-            typer.echo(f"[{i}] site={s} params={json.dumps(params, default=str)}")
+            typer.echo(f"[{i}] site={s} params={json.dumps(params, default=_param_text)}")
         return
     chosen = None
     params = None

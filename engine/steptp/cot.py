@@ -97,6 +97,8 @@ def _nest_diff(before: A.Program, after: A.Program) -> tuple[list[str], list[str
 
 
 def _fmt_param(v) -> str:
+    if isinstance(v, (A.Int, A.Float, A.Index, A.Tensor, A.Neg, A.BinOp, A.Call, A.Compare, A.BoolOp, A.Not)):
+        return format_expr(v)
     if isinstance(v, tuple):
         return "(" + ", ".join(map(str, v)) + ")"
     return str(v)

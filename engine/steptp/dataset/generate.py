@@ -133,10 +133,20 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "original": original,
         "transformed": transformed,
         "cot": step.cot,
-        "verification": {**res.to_dict(), "nvcc": nvcc_ran},
+        "verification": {**res.to_dict(), "nvcc": nvcc_ran, "symbolic": _symbolic(rule, module, step)},
         "original_verification": original_check,
         "seed": opts.seed,
     }
+
+
+def _symbolic(rule, module: LeirModule, step) -> str | None:
+    """Math rules: ``proved`` / ``unknown`` / ``disproved`` from the bounded symbolic check
+    (:func:`steptp.engine.algebra.symbolic_check_programs`); None for other categories."""
+    if rule.category != "math":
+        return None
+    from ..engine.algebra import symbolic_check_programs
+
+    return symbolic_check_programs(module.program, step.after.program)
 
 
 class _RuleRun:
@@ -271,7 +281,17 @@ def process_safe(src: Source, opts: Options) -> ProgramResult:
 
 
 def _jsonable(x):
-    return json.loads(json.dumps(x, default=str))
+    return json.loads(json.dumps(x, default=_leir_or_str))
+
+
+def _leir_or_str(x) -> str:
+    """JSON fallback: LEIR nodes (e.g. a parameter that is a subterm) as LEIR text."""
+    from ..leir import ast as A
+    from ..leir.printer import format_node
+
+    if isinstance(x, (A.Int, A.Float, A.Index, A.Tensor, A.Neg, A.BinOp, A.Call, A.Compare, A.BoolOp, A.Not)):
+        return format_node(x)
+    return str(x)
 
 
 __all__ = ["Options", "ProgramResult", "entry_id", "load_source", "process", "process_safe"]

@@ -14,6 +14,7 @@ from .apply import (NoMatch, PreflightRejected, Step, apply_rule, check_rule, ch
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError
 from . import listvalues  # noqa: F401,E402 - registers the loop-list / term value functions (let:)
+from . import mathprims  # noqa: F401,E402 - registers the algebra primitive, filter and domains
 
 __all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",
            "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]

@@ -29,6 +29,7 @@ from ..leir.fileformat import LeirModule
 from ..leir.parser import LeirSyntaxError, parse_program
 from ..leir.printer import format_program
 from . import patterns as P
+from .filters import EXTRA_DOMAINS, check_filters, passes_filters
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
 from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
                          eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
@@ -172,13 +173,14 @@ def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fix
         if limit is not None and len(out) >= limit:
             return
         if i == len(names):
-            out.append(dict(cur))
+            if passes_filters(rule, {**env, **cur}, module):
+                out.append(dict(cur))
             return
         n = names[i]
         e = {**env, **cur}
         dom = _domain(rule, n, e, module)
-        vals = [fixed[n]] if n in fixed else dom
-        if n in fixed and fixed[n] not in dom:
+        vals = [_in_domain(fixed[n], dom)] if n in fixed else dom
+        if n in fixed and vals[0] is None:
             return
         for v in vals:
             cur[n] = v
@@ -187,6 +189,20 @@ def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fix
 
     rec(0, {})
     return out
+
+
+def _in_domain(v, dom: list):
+    """The domain value ``v`` names: ``v`` itself, or for a domain of LEIR subterms (e.g.
+    ``atoms_of``) the one whose canonical LEIR text is ``v``; None when absent."""
+    if v in dom:
+        return v
+    if isinstance(v, str):
+        from ..leir.printer import format_node
+
+        for d in dom:
+            if not isinstance(d, (str, int, tuple)) and format_node(d) == v:
+                return d
+    return None
 
 
 def _normalize_param(v):
@@ -345,9 +361,10 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
     for i, n in enumerate(names):
         dom = _domain(rule, n, {**env, **chosen_params}, module)
         if n in fixed:
-            if fixed[n] not in dom:
+            v = _in_domain(fixed[n], dom)
+            if v is None:
                 raise ValueError(f"rule '{rule.id}': parameter {n}={fixed[n]!r} is not in its domain {dom} at {chosen}")
-            chosen_params[n] = fixed[n]
+            chosen_params[n] = v
             continue
         # keep only values that leave the later parameters a non-empty domain
         ok = [v for v in dom if _enumerate_params(rule, {**env, **chosen_params, n: v}, module, names[i + 1:],
@@ -356,6 +373,8 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
             raise NoMatch(_no_match_message(rule, module, f"parameter {n} has no admissible value at {chosen}"))
         chosen_params[n] = ok[rng.randrange(len(ok))]
     env.update(chosen_params)
+    if not passes_filters(rule, env, module):
+        raise NoMatch(_no_match_message(rule, module, f"the candidate filter rejects {chosen} with {chosen_params}"))
     _settle_let(rule, env, module)
 
     taken = program_names(module)
@@ -435,7 +454,7 @@ def check_rule(rule, source: str | None = None) -> None:
         _raise(src, e.field, str(e))
     bound = {n for n in cr.sorts if not n.startswith("_")}
     for name, spec in rule.params.items():
-        keys = [k for k in spec if k in ("divisors_of", "choice", "range", "permutations_of")]
+        keys = [k for k in spec if k in ("divisors_of", "choice", "range", "permutations_of") or k in EXTRA_DOMAINS]
         if len(keys) != 1:
             _raise(src, f"params.{name}", f"exactly one domain (divisors_of, choice, range, permutations_of) is "
                                           f"required, got {keys or 'none'}")
@@ -514,6 +533,8 @@ def check_rule(rule, source: str | None = None) -> None:
             free = {u for u in used if not u.startswith("_")} - bound
             if free:
                 _raise(src, afld, f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+    for fld, msg in check_filters(rule):
+        _raise(src, fld, msg)
     from ..cot import check_template
 
     try:

@@ -588,8 +588,13 @@ def _domain_values(spec: dict, ctx: EvalContext) -> list:
             items = tuple(range(items))
         vals = permutations(tuple(items), bool(spec.get("exclude_identity", True)),
                             spec.get("keep_innermost_kinds", ()))
-    else:  # pragma: no cover - schema prevents this
-        raise ValueExprError(f"unknown domain {spec!r}")
+    else:
+        from .filters import EXTRA_DOMAINS  # Python-computed domains (e.g. steptp.engine.mathprims)
+
+        key = next((k for k in spec if k in EXTRA_DOMAINS), None)
+        if key is None:
+            raise ValueExprError(f"unknown domain {spec!r}")
+        vals = list(EXTRA_DOMAINS[key](spec, ctx))
     ex = {_norm(eval_value(x, ctx)) for x in spec.get("exclude", [])}
     vals = [v for v in vals if _norm(v) not in ex]
     req = spec.get("require")

@@ -53,6 +53,12 @@ _DOMAIN = {
         "exclude_identity": {"type": "boolean"},
         "keep_innermost_kinds": {"type": "array", "items": {"enum": ["L", "P", "V", "U", "B"]}},
         "require": {"type": ["string", "array"], "items": {"type": "string"}},
+        # Python-computed domains (steptp.engine.filters.EXTRA_DOMAINS; steptp.engine.mathprims)
+        "atoms_of": {"type": "string"},
+        "exp_factors_of": {"type": "string"},
+        "reusable_terms": {"type": "string"},
+        "identity": {"type": ["integer", "number"]},
+        "avoid": {"type": "array", "items": {"type": "string"}},
     },
 }
 
@@ -159,6 +165,7 @@ RULE_SCHEMA: dict[str, Any] = {
              "items": {"type": "object", "minProperties": 1, "maxProperties": 1}},
         ]},
         "cot": {"type": "string", "minLength": 1},
+        "filter": {"type": "array", "items": {"type": "object", "minProperties": 1, "maxProperties": 1}},
         "tests": {"type": "array", "minItems": 1, "items": _TEST},
     },
 }

@@ -31,10 +31,13 @@ class TestOutcome:
     message: str = ""
     verified: bool | None = None
     seconds: float = 0.0
+    symbolic: str | None = None  # math rules: proved / unknown / disproved (steptp.engine.algebra)
 
     def __str__(self) -> str:
         status = "ok" if self.ok else "FAIL"
         v = "" if self.verified is None else (" verified" if self.verified else " NOT EQUAL")
+        if self.symbolic is not None:
+            v += f" symbolic={self.symbolic}"
         return f"{status:4} {self.rule} test {self.index} ({self.name}){v}{': ' + self.message if self.message else ''}"
 
 
@@ -70,6 +73,13 @@ def run_rule_test(rule: Rule, test: RuleTest, verify: bool = False) -> TestOutco
             out.message = f"CoT lacks {missing!r}; CoT was:\n{step.cot}"
         else:
             out.ok = True
+    if out.ok and rule.category == "math":
+        from ..engine.algebra import symbolic_check_programs
+
+        out.symbolic = symbolic_check_programs(before.program, step.after.program)
+        if out.symbolic == "disproved":
+            out.ok = False
+            out.message = "the symbolic check disproves the rewrite (before - after is not zero)"
     if out.ok and verify and test.verify:
         from ..verify import verify_pair
 

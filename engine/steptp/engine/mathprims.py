@@ -1,0 +1,272 @@
+"""Registrations that let rule files use :mod:`steptp.engine.algebra` (generic, any rule).
+
+sympy is imported on first use, so importing :mod:`steptp.engine` stays fast.
+
+* rewrite primitive ``normal_form: {function: F, arg: ?x}`` - replaces the site's
+  algebraic target (:func:`~steptp.engine.algebra.algebraic_target`: an ``expr`` site's
+  subterm, or an equation's value minus its accumulator form) by the sympy normal form
+  ``F`` (:data:`~steptp.engine.algebra.FUNCTIONS`); logs a change whose ``step`` names the
+  algebraic step for the CoT.
+* candidate filter ``normal_form: {function: F, arg: ?x, distinct_from: [G, ...]}`` - the
+  site is a candidate only when ``F`` changes the target (not merely reformatting it), the
+  equation is floating point, and no function ``G`` listed in ``distinct_from`` gives the
+  same result (for every argument ``G`` can take): where two strategies would produce the
+  same program, the one listed owns it, so one transformation never carries two labels.
+* parameter domains ``atoms_of: ?eq`` (tensor accesses and exp/log/sqrt/tanh/erf calls of
+  the target: what ``collect``/``apart``/``distribute`` may act on), ``exp_factors_of: ?eq``
+  (``exp(u)`` and ``exp(-u)`` for each ``exp(u)``: non-zero common factors), and
+  ``reusable_terms: ?site`` with ``identity`` (existing values a split may introduce:
+  outputs of earlier sibling nests with the same loops, read at their written subscript,
+  and guarded previous elements ``if_then_else(k<1, identity, T_{..,k-1})`` of the site's
+  tensor accesses; see :func:`reusable_terms`).
+"""
+
+from __future__ import annotations
+
+from ..leir import ast as A
+from ..leir.printer import format_expr
+from .filters import candidate_filter, extra_domain
+from .primitives import (Change, EqRef, EvalContext, RewriteContext, RewriteError, ValueExprError, eval_value,
+                         get_item, primitive, replace_item)
+
+
+def _equation(module, env) -> A.Assign:
+    ref = env.get("eq")
+    if not isinstance(ref, EqRef):
+        raise ValueExprError("the math filters and domains need an equation or expr site (?eq)")
+    return get_item(module.program, ref.path)
+
+
+def _target_of(module, env, value=None) -> A.Expr:
+    """The algebraic target for the bindings: ``value`` if it is a term, the target of the
+    equation ``value``/``?eq`` otherwise (expr sites: the site subterm)."""
+    from . import algebra as G
+
+    if value is not None and not isinstance(value, EqRef):
+        return value
+    if value is None and "site" in env and not isinstance(env["site"], EqRef):
+        return env["site"]
+    eq = get_item(module.program, value.path) if isinstance(value, EqRef) else _equation(module, env)
+    return G.algebraic_target(eq)[1]
+
+
+def _arg(module, env, arg):
+    if arg is None:
+        return None
+    v = eval_value(arg, EvalContext(module, env))
+    if isinstance(v, str):
+        return A.Index(v)
+    return v
+
+
+def _arg_domain(function: str, target: A.Expr) -> list:
+    from . import algebra as G
+
+    if function == "expand_cancel":
+        return G.exp_factors(target)
+    return G.atoms(target)
+
+
+@candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from"))
+def filter_normal_form(module, env, function, arg=None, distinct_from=()):
+    """The normal form ``function`` changes the site (see the module docstring)."""
+    from . import algebra as G
+
+    eq = _equation(module, env)
+    if eq.target.dtype not in G.FLOAT_DTYPES:
+        return False
+    target = _target_of(module, env)
+    res = G.normal_form(target, function, _arg(module, env, arg))
+    if res is None:
+        return False
+    for other in distinct_from or ():
+        if other not in G.FUNCTIONS:
+            raise RewriteError(f"distinct_from: unknown normal form {other!r}")
+        takes = G.FUNCTIONS[other][1]
+        for a in (_arg_domain(other, target) if takes else [None]):
+            if G.normal_form(target, other, a) == res:
+                return False
+    return True
+
+
+@primitive("normal_form", required=("function",), optional=("arg",))
+def prim_normal_form(ctx: RewriteContext, function, arg=None):
+    """Replace the site's algebraic target (an ``expr`` site's subterm; an equation's value
+    without its accumulator form) by its sympy normal form ``function``
+    (:data:`steptp.engine.algebra.FUNCTIONS`), tensor accesses kept apart by subscript."""
+    from . import algebra as G
+
+    s = ctx.site
+    if s.equation is None:
+        raise RewriteError("normal_form needs an equation or expr site")
+    path = ctx.remap(s.equation)
+    eq = get_item(ctx.program, path)
+    epath, target = G.algebraic_target(eq, s.expr)
+    is_chain = s.expr is None and G.accumulation(eq) is not None
+    x = _arg(ctx.module, ctx.env, arg)
+    new = G.normal_form(target, function, x)
+    if new is None:
+        raise RewriteError(f"normal_form: {function} does not change '{format_expr(target)}'")
+    ctx.program = replace_item(ctx.program, path, A.Assign(eq.target, G.replace_target(eq, s.expr, new)))
+    ctx.changes.append(Change("normal_form", format_expr(target), format_expr(new), str(EqRef(path)),
+                              {"function": function, "sympy": G.SYMPY_CALLS.get(function, function),
+                               "arg": format_expr(x) if x is not None else "",
+                               "part": "subterm" if s.expr is not None else
+                               ("right-hand side" if not epath and not is_chain else "accumulated term"),
+                               "step": G.describe(target, function, x)}))
+
+
+@extra_domain("atoms_of")
+def domain_atoms_of(spec: dict, ctx: EvalContext) -> list:
+    """Tensor accesses and exp/log/sqrt/tanh/erf calls of the target (first-occurrence order)."""
+    from . import algebra as G
+
+    return G.atoms(_target_of(ctx.module, ctx.env, eval_value(spec["atoms_of"], ctx)))
+
+
+@extra_domain("exp_factors_of")
+def domain_exp_factors_of(spec: dict, ctx: EvalContext) -> list:
+    """``exp(u)`` and ``exp(-u)`` for every ``exp(u)`` of the target."""
+    from . import algebra as G
+
+    return G.exp_factors(_target_of(ctx.module, ctx.env, eval_value(spec["exp_factors_of"], ctx)))
+
+
+def _enclosing_loops(prog: A.Program, path: tuple[int, ...]) -> tuple[A.Loop, ...]:
+    node = prog.nests[path[0]]
+    loops = node.loops
+    for i in path[1:-1]:
+        node = node.body[i]
+        loops += node.loops
+    return loops
+
+
+def _writers(prog: A.Program) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for n, nest in enumerate(prog.nests):
+        for _, eq in nest.equations():
+            out.setdefault(eq.target.name, set()).add(n)
+    return out
+
+
+def _value_tensors(e: A.Expr) -> list[A.Tensor]:
+    out: list[A.Tensor] = []
+
+    def rec(x):
+        if isinstance(x, A.Tensor):
+            if x not in out:
+                out.append(x)
+            return
+        for c in A.children(x):
+            rec(c)
+
+    rec(e)
+    return out
+
+
+def _in_condition(value: A.Expr, term: A.Expr) -> bool:
+    for x in A.walk(value):
+        if isinstance(x, (A.Compare, A.BoolOp, A.Not)) and any(y == term for y in A.walk(x)):
+            return True
+    return False
+
+
+def _tainted(prog: A.Program, avoid: set[str]) -> set[str]:
+    """Tensors written by an equation that calls a function in ``avoid`` or reads a tensor
+    already in the set (transitively: ``H = G*2`` inherits the exact zeros of
+    ``G = 0.5*F*(1+tanh(..))``)."""
+    if not avoid:
+        return set()
+    eqs = [eq for _, eq in prog.equations()]
+    out = {eq.target.name for eq in eqs
+           if any(isinstance(y, A.Call) and y.func in avoid for y in A.walk(eq.value))}
+    changed = True
+    while changed:
+        changed = False
+        for eq in eqs:
+            if eq.target.name not in out and any(isinstance(y, A.Tensor) and y.name in out and y.name != eq.target.name
+                                                 for y in A.walk(eq.value)):
+                out.add(eq.target.name)
+                changed = True
+    return out
+
+
+def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -> list[A.Expr]:
+    """Existing values a split strategy may introduce at ``term`` (paper App. A.3:
+    "introducing an existing variable"), deterministic order:
+
+    1. guarded previous elements: for each floating-point tensor access ``T_{..,k}`` of
+       ``term`` whose last subscript is a loop index ``k`` (extent >= 2) and that is not
+       written in the site's nest or later, ``if_then_else(k<1, identity, T_{..,k-1})``;
+    2. earlier outputs: ``X_{s}`` for each floating-point tensor written (only) by an
+       earlier top-level sibling nest with the same loops, at a subscript of plain loop
+       indices and integers.
+
+    Tensors computed (directly or through other tensors) with one of the functions
+    ``avoid`` are never used (floating-point honesty, chosen by the rule: ``[max, min, abs,
+    if_then_else, tanh, erf, exp]`` keeps values that can be exactly zero - clamps, masks,
+    saturated tanh/erf, underflowed exp - out of a divisor; ``[exp]`` keeps values that may
+    be huge out of an exponent).
+
+    The site must lie in a floating-point equation, must not be or contain the equation's
+    target (the accumulator of ``X = X + f`` or ``X = max(X, f)``), and must not occur inside
+    a comparison; otherwise the list is empty."""
+    from . import algebra as G
+
+    prog = module.program
+    ref = env.get("eq")
+    if not isinstance(ref, EqRef):
+        return []
+    eq = get_item(prog, ref.path)
+    if eq.target.dtype not in G.FLOAT_DTYPES or _in_condition(eq.value, term) \
+            or any(x == eq.target for x in A.walk(term)):
+        return []  # never the accumulator (nor a term containing it): X = max(X, f) keeps its form
+    top = ref.path[0]
+    loops = {l.var: l.extent for l in _enclosing_loops(prog, ref.path)}
+    writers = _writers(prog)
+    avoided = _tainted(prog, set(avoid))
+    out: list[A.Expr] = []
+    for t in _value_tensors(term):
+        if t.dtype not in G.FLOAT_DTYPES or not t.indices or t == eq.target:
+            continue
+        if any(n >= top for n in writers.get(t.name, ())) or t.name in avoided:
+            continue
+        k = t.indices[-1]
+        if isinstance(k, A.Index) and loops.get(k.name, 0) >= 2:
+            prev = t.with_indices(t.indices[:-1] + (A.BinOp("-", k, A.Int(1)),))
+            c = A.Call("if_then_else", (A.Compare("<", k, A.Int(1)), A.Float(float(identity)), prev))
+            if c not in out:
+                out.append(c)
+    site_nest = prog.nests[top]
+    for n0 in range(top):
+        nest = prog.nests[n0]
+        if nest.loops != site_nest.loops:
+            continue
+        vars0 = {l.var for l in nest.loops}
+        for item in nest.body:
+            if not isinstance(item, A.Assign):
+                continue
+            x = item.target
+            if x.dtype not in G.FLOAT_DTYPES or writers.get(x.name) != {n0} or x == term:
+                continue
+            if not all(isinstance(i, A.Int) or (isinstance(i, A.Index) and i.name in vars0) for i in x.indices):
+                continue
+            if x.name in avoided:
+                continue
+            if x not in out:
+                out.append(x)
+    return out
+
+
+@extra_domain("reusable_terms", modifiers=("identity", "avoid"))
+def domain_reusable_terms(spec: dict, ctx: EvalContext) -> list:
+    """See :func:`reusable_terms`; ``identity`` (default 0) fills the guarded first element,
+    ``avoid`` lists functions whose outputs are never introduced."""
+    term = eval_value(spec["reusable_terms"], ctx)
+    if not isinstance(term, (A.Tensor, A.Call)) or (isinstance(term, A.Call) and term.func == "if_then_else"):
+        return []
+    return reusable_terms(ctx.module, ctx.env, term, float(spec.get("identity", 0)), tuple(spec.get("avoid", ())))
+
+
+__all__ = ["filter_normal_form", "prim_normal_form", "domain_atoms_of", "domain_exp_factors_of", "reusable_terms",
+           "domain_reusable_terms"]
