@@ -246,10 +246,15 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet)
     except (DatasetError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"{e.filename or outdir}: {e.strerror or e}")
     if parquet:
         from .dataset.writers import to_parquet
 
-        to_parquet(outdir / "dictionary.jsonl", outdir / "dictionary.parquet")
+        try:
+            to_parquet(outdir / "dictionary.jsonl", outdir / "dictionary.parquet")
+        except OSError as e:
+            _fail(f"{e.filename or outdir / 'dictionary.parquet'}: cannot write: {e.strerror or e}")
     typer.echo(json.dumps({k: report[k] for k in ("programs", "entries", "chat_single", "chat_multi",
                                                    "by_strategy", "by_level")}, indent=2))
     if report["programs_failed"]:
