@@ -93,8 +93,9 @@ def test_parse_answer_rejects_garbage_with_a_reason(text, reason):
 
 
 def test_parse_answer_accepts_fences_and_backslash_close():
-    text = '<think>x</think><answer>```json\n{"transformed_IR": "B", "applied_strategy": "s"}\n```<\\answer>'
-    assert parse_answer(text) == [{"transformed_IR": "B", "applied_strategy": "s"}]
+    ir = "B^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx};];"
+    text = '<think>x</think><answer>```json\n{"transformed_IR": "%s", "applied_strategy": "s"}\n```<\\answer>' % ir
+    assert parse_answer(text) == [{"transformed_IR": ir, "applied_strategy": "s"}]
 
 
 def test_appender_repairs_a_torn_line_and_keeps_earlier_records(tmp_path):

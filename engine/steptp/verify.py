@@ -525,6 +525,14 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     if mismatch:
         res.reason = f"build: {mismatch}"
         return res
+    too_big = resource_problem(original)
+    if too_big:
+        res.reason = f"original program failed (limits): {too_big}"
+        return res
+    too_big = resource_problem(transformed)
+    if too_big:
+        res.reason = f"build: {too_big}"
+        return res
     run = _runner_for(isolated, runner)
     sig = original.signature
 
@@ -539,10 +547,6 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
             inputs = [random_inputs(sig, seed, k, [original.program]) for k in range(trials)]
         else:
             inputs = [dict(input_fn(seed, k)) for k in range(trials)]
-        too_big = resource_problem(original)
-        if too_big:
-            res.reason = f"original program failed (limits): {too_big}"
-            return res
         try:
             text, _ = _prepare(original, False, False, limits)
             refs = _execute(run, timeout_s, text, sig, inputs, None)
@@ -611,6 +615,10 @@ def verify_against(module: LeirModule, reference_fn: Callable[[dict[str, np.ndar
     """
     res = VerifyResult(diff=True)
     sig = module.signature
+    too_big = resource_problem(module)
+    if too_big:
+        res.reason = f"build: {too_big}"
+        return res
     run = _runner_for(isolated, runner)
     if input_fn is None:
         inputs = [random_inputs(sig, seed, k, [module.program]) for k in range(trials)]

@@ -296,6 +296,9 @@ def analyze(prog: A.Program, sig: Signature, check_bounds: bool = True) -> Progr
         if len(ranges) != len(inst.loops):
             raise LeirSemanticError(f"duplicate loop index in the loops enclosing '{inst.text}'")
         name = eq.target.name
+        for x in [*A.walk(eq.value), *[y for i in eq.target.indices for y in A.walk(i)]]:
+            if isinstance(x, A.BinOp) and x.op in ("/", "//", "%") and _literal_zero(x.rhs):
+                raise LeirSemanticError(f"division by zero '{format_expr(x)}' in '{inst.text}'")
         if name in known and not known[name].is_output:
             raise LeirSemanticError(f"equation '{inst.text}' writes input tensor {name}")
         for i in index_names(eq.value) | set().union(*[index_names(x) for x in eq.target.indices] or [set()]):
@@ -345,6 +348,12 @@ def analyze(prog: A.Program, sig: Signature, check_bounds: bool = True) -> Progr
         for s in sem:
             _check_access_bounds(s.inst, all_shapes, values)
     return info
+
+
+def _literal_zero(e: A.Expr) -> bool:
+    while isinstance(e, A.Neg):
+        e = e.operand
+    return isinstance(e, (A.Int, A.Float)) and e.value == 0
 
 
 def _guard_free_reads(e: A.Expr) -> Iterator[A.Tensor]:

@@ -163,6 +163,15 @@ def _semantic_checks(rule: Rule, data: dict, source: str, stem: str | None) -> N
                                                     f"{rule.score:g} gives {rule.level!r}")
     if rule.inverse == rule.id:
         raise RuleError(source, "inverse", "a rule cannot be its own inverse")
+    from ..engine.primitives import MAX_DOMAIN_VALUES
+
+    for pname, spec in rule.params.items():
+        r = spec.get("range") if isinstance(spec, dict) else None
+        lo, hi = (r[0], r[1]) if isinstance(r, list) and len(r) == 2 else \
+            (r.get("from"), r.get("to")) if isinstance(r, dict) else (None, None)
+        if isinstance(lo, int) and isinstance(hi, int) and hi - lo + 1 > MAX_DOMAIN_VALUES:
+            raise RuleError(source, f"params.{pname}.range", f"[{lo}, {hi}] has {hi - lo + 1} values, above the "
+                                                            f"limit {MAX_DOMAIN_VALUES}")
     from ..engine.apply import check_rule  # late import: engine depends on this module
 
     check_rule(rule, source)
