@@ -86,6 +86,8 @@ def test_literal_division_by_zero_is_named(tmp_path, expr):
     f = write(tmp_path, "z.leir", HEAD + "B^{8}_{tx=0}[C^{f32,g}_{tx}=" + expr + ";];\n")
     res = stp("lower", f)
     assert res.exit_code == 2 and "division by zero" in res.output and "C^{f32,g}_{tx}=" in res.output
+    if "(" not in expr:  # canonical text: semantic errors carry line and column
+        assert f"{f}:4:14:" in res.output
 
 
 # -- defect 2 and 3: verify never crashes, traps are rejected with a reason ------------------------

@@ -45,7 +45,24 @@ def _semantic(path: Path, m) -> None:
     try:
         analyze(m.program, m.signature)
     except LeirSemanticError as e:
-        _fail(f"{path}: {e}")
+        _fail(f"{_locate(path, str(e))}: {e}")
+
+
+def _locate(path: Path, message: str) -> str:
+    """``FILE:LINE:COLUMN`` of the first equation quoted in a semantic error message when
+    it occurs verbatim in the file (canonical LEIR, as ``stp`` writes it), else ``FILE``."""
+    import re
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return str(path)
+    for quoted in re.findall(r"'([^']*=[^']*;)'", message):
+        pos = text.find(quoted)
+        if pos >= 0:
+            line = text.count("\n", 0, pos) + 1
+            return f"{path}:{line}:{pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+    return str(path)
 
 
 @app.command()

@@ -239,10 +239,13 @@ MAX_VERIFY_BYTES = 2 << 30          # all buffers of one program (known tensors 
 MAX_VERIFY_WORK = 1 << 31           # equation instances executed per trial (sum over equations)
 
 
-def resource_problem(module: LeirModule, max_bytes: int = MAX_VERIFY_BYTES, max_work: int = MAX_VERIFY_WORK) -> str:
-    """'' when ``module`` fits the verification limits, else the reason (buffer bytes or
-    executed equation instances per trial above the limit). Semantic errors are left to
-    the lowering."""
+def resource_problem(module: LeirModule, max_bytes: int | None = None, max_work: int | None = None) -> str:
+    """'' when ``module`` fits the verification limits (default :data:`MAX_VERIFY_BYTES`,
+    :data:`MAX_VERIFY_WORK`, read at call time), else the reason (buffer bytes or executed
+    equation instances per trial above the limit). Semantic errors are left to the
+    lowering."""
+    max_bytes = MAX_VERIFY_BYTES if max_bytes is None else max_bytes
+    max_work = MAX_VERIFY_WORK if max_work is None else max_work
     try:
         info = analyze(module.program, module.signature, check_bounds=False)
     except (LeirSemanticError, ValueError):

@@ -127,14 +127,14 @@ def _check_ir(i: int, text: str, signature) -> None:
         raise AnswerError(f"answer item {i}: transformed_IR does not fit the prompt's signature: {e}") from None
 
 
-def parse_answer(text: str, signature=None) -> list[dict]:
+def parse_answer(text: str, signature=None, check_ir: bool = True) -> list[dict]:
     """Parse a model answer into a list of ``{"transformed_IR", "applied_strategy"}`` dicts.
 
     Accepts ``<answer>...</answer>`` (also the ``<\\answer>`` variant), optionally fenced
     with ```json, holding a JSON object or a list of objects. Every ``transformed_IR`` must
     parse as LEIR; with ``signature`` (a :class:`~steptp.leir.fileformat.Signature` or a
     dictionary entry's ``signature`` dict) it must also be a valid program over exactly
-    the prompt's known tensors. Linear time; text above :data:`MAX_ANSWER_CHARS` is
+    the prompt's known tensors (``check_ir=False`` skips both checks). Linear time; text above :data:`MAX_ANSWER_CHARS` is
     refused. Raises :class:`AnswerError` naming what is wrong: no answer block, invalid
     JSON (with line/column, also JSON nested too deeply or numbers too long), a non-object
     item, a missing/non-string ``transformed_IR`` / ``applied_strategy``, or an IR that is
@@ -171,7 +171,8 @@ def parse_answer(text: str, signature=None) -> list[dict]:
         for key in ("transformed_IR", "applied_strategy"):
             if not isinstance(it.get(key), str) or not it[key].strip():
                 raise AnswerError(f"answer item {i} has no string '{key}'")
-        _check_ir(i, it["transformed_IR"], sig)
+        if check_ir:
+            _check_ir(i, it["transformed_IR"], sig)
         out.append({"transformed_IR": it["transformed_IR"], "applied_strategy": it["applied_strategy"]})
     return out
 

@@ -15,9 +15,16 @@ This module is the single place where LEIR semantics (design.md §2) are decided
   written earlier accumulates onto what is there (``D = D + bias`` after a matmul).
   Recurrences on a shifted index (``F_{tx,a} = f(F_{tx,a-1})`` under an ``if_then_else``
   guard) get no implicit init: the guard handles the boundary.
-* **Bounds.** Every unguarded read and every write must stay inside the tensor's shape;
-  reads under an ``if_then_else`` branch are only evaluated when selected (TVM's
-  ``if_then_else`` is lazy), so they are checked for their guard-free part only.
+* **Bounds.** Every unguarded read and every write must stay inside the tensor's shape.
+  Reads under an ``if_then_else`` branch are only evaluated when selected (TVM's
+  ``if_then_else`` is lazy), so they must stay inside wherever their guards select them:
+  decided exactly by enumerating small iteration spaces (index-only guards and subscripts),
+  else by interval arithmetic over the loop ranges the guards narrow, when that is exact;
+  other guarded reads are left to the verifier's run-time checks (isolated execution,
+  poisoned buffers).
+* **Reads after writes.** A read of an intermediate or output must follow a write of that
+  tensor in an earlier top-level nest or in the same one (recurrences); literal division by
+  zero is an error. Element-level coverage is checked at run time (:mod:`steptp.verify`).
 
 All functions raise :class:`LeirSemanticError` (a ``ValueError``) with the offending
 tensor/equation named.
