@@ -401,3 +401,61 @@ def test_translate_eval_turns_dropout_off(tmp_path):
     assert res.exit_code == 1 and "--eval" in res.output
     res = stp("translate", model, "--eval", "--verify")
     assert res.exit_code == 0 and "Equal  pass" in res.output, res.output
+
+
+# -- defect 11: KernelBench report shrinks consistently and groups by real error classes -----------
+
+def _kb():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kb_report", ROOT / "benchmarks" / "kernelbench_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernelbench_shrinking_is_consistent(tmp_path):
+    kb = _kb()
+    src = write(tmp_path, "m.py", (
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self, c, g, f):\n"
+        "        super().__init__()\n"
+        "        self.gn = torch.nn.GroupNorm(g, c)\n"
+        "        self.ln = torch.nn.LayerNorm(f)\n"
+        "    def forward(self, x, y):\n"
+        "        return self.gn(x).sum() + self.ln(y).sum()\n"
+        "batch_size = 512\n"
+        "channels = 128\n"
+        "num_groups = 8\n"
+        "height = width = 2048\n"
+        "height, width = 64, 64\n"
+        "normalized_shape = (channels, 4096)\n"
+        "def get_inputs():\n"
+        "    return [torch.rand(batch_size, channels, height, width), torch.rand(batch_size, channels, 4096)]\n"
+        "def get_init_inputs():\n"
+        "    return [channels, num_groups, normalized_shape]\n"))
+    mod, plan = kb._shrunk_module(src, 16)
+    assert mod.height == mod.width <= 32 and mod.batch_size <= 32
+    assert mod.channels % mod.num_groups == 0 and mod.channels // mod.num_groups >= 2  # > 1 channel per group
+    x, y = mod.get_inputs()
+    assert y.shape[-1] == mod.normalized_shape[-1] <= 32 and x.shape[1] == mod.channels
+    model = mod.Model(*mod.get_init_inputs())
+    assert model(x, y).isfinite()
+    assert kb.shrink_plan([96, 3, 12, 7], 16) == {96: 24}  # divisible by 3 and 12 (and no more than 2x)
+
+
+def test_kernelbench_failures_group_by_translator_error_class():
+    kb = _kb()
+    rs = [{"stage": "translate", "reason": "TranslationError: op aten.foo.default, graph node %foo_1: no lowering for "
+                                          "this operator\n  node: ..."},
+          {"stage": "translate", "reason": "op aten.bar.default, graph node %bar: no lowering for this operator"},
+          {"stage": "translate", "reason": "op aten.dropout.default, argument 'train', graph node %d: dropout in "
+                                          "training mode with p > 0 is random"},
+          {"stage": "verify", "reason": "equal: output C differs in trial 0: 3 element(s) outside the tolerance"},
+          {"stage": "verify", "reason": "equal: output D differs in trial 2: 1 element(s) outside the tolerance"}]
+    keys = [kb.reason_key(r) for r in rs]
+    assert keys[0] == "translate: no lowering for aten.foo.default"
+    assert keys[1] == "translate: no lowering for aten.bar.default"
+    assert keys[2].startswith("translate: aten.dropout.default (train): dropout in training mode")
+    assert keys[3] == keys[4] == "verify: outputs differ from PyTorch"
