@@ -459,3 +459,16 @@ def test_kernelbench_failures_group_by_translator_error_class():
     assert keys[1] == "translate: no lowering for aten.bar.default"
     assert keys[2].startswith("translate: aten.dropout.default (train): dropout in training mode")
     assert keys[3] == keys[4] == "verify: outputs differ from PyTorch"
+
+
+def test_time_limit_interrupts_python_work():
+    from steptp.timelimit import WorkTimeout, time_limit
+
+    t0 = time.perf_counter()
+    with pytest.raises(WorkTimeout, match="spin exceeded"):
+        with time_limit(0.2, "spin"):
+            while True:
+                pass
+    assert time.perf_counter() - t0 < 2.0
+    with time_limit(0, "none"):  # no limit
+        pass

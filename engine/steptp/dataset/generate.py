@@ -141,9 +141,12 @@ def _verified_steps(rule, module: LeirModule, src: Source, opts: Options, attemp
     from ..engine import NoMatch, apply_rule, list_candidates
     from ..verify import verify_pair
 
+    from ..timelimit import time_limit
+
     rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
     try:
-        cands = list_candidates(rule, module)
+        with time_limit(opts.timeout_s if opts.isolated else 0, f"rule {rule.id}: site enumeration"):
+            cands = list_candidates(rule, module)
     except NoMatch:
         return
     except Exception as e:  # noqa: BLE001 - a rule that crashes on one program costs that rule only
@@ -156,7 +159,8 @@ def _verified_steps(rule, module: LeirModule, src: Source, opts: Options, attemp
     for ci in order[: opts.max_tries]:
         site, params = cands[ci]
         try:
-            step = apply_rule(rule, module, seed=rng.randrange(2**31), site=site, params=params)
+            with time_limit(opts.timeout_s if opts.isolated else 0, f"rule {rule.id}: application"):
+                step = apply_rule(rule, module, seed=rng.randrange(2**31), site=site, params=params)
         except Exception as e:  # noqa: BLE001
             attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
             continue
