@@ -32,26 +32,41 @@ from pathlib import Path
 
 
 def shrink_plan(values, max_dim: int) -> dict[int, int]:
-    """New value for every integer of ``values`` above ``max_dim`` (one map, so equal sizes
-    stay equal: ``height = width``).
+    """New value for every integer of ``values`` above ``max_dim``, from one map (equal
+    sizes stay equal: ``height = width``).
 
-    Start from ``max_dim``, then keep the relations with the program's small constants
-    (``1 < c <= max_dim``: groups, heads, kernel sizes): when ``c`` divides ``v`` the new
-    value is a multiple of ``c`` (GroupNorm channels by groups, heads by embed dim), and
-    when ``v >= 2c`` it stays ``>= 2c`` for ``c <= max_dim / 2`` (more than one channel per
-    group). Divisors whose least common multiple would exceed ``2 * max_dim`` are dropped,
-    smallest kept first, so a new value lies in ``[max_dim, 2 * max_dim]``."""
-    smalls = sorted({c for c in values if isinstance(c, int) and 1 < c <= max_dim})
+    All large values are divided by one power of two ``s`` (the smallest that brings the
+    largest to ``<= max_dim``), so relations between sizes survive
+    (``out_channels = 2 * width`` after a stride-2 transposed convolution). Then the
+    relations with the program's small constants (``1 < c <= max_dim / 2``: groups, heads,
+    kernel sizes) are restored: when ``c`` divides ``v`` the new value is a multiple of ``c``
+    (divisors whose least common multiple would exceed ``2 * max_dim`` are dropped, smallest
+    kept first), and when ``v >= 2c`` (``c <= max_dim / 2``) it stays ``>= 2c`` (more than
+    one channel per group). A value never grows."""
+    large = sorted({v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > max_dim})
+    if not large:
+        return {}
+    smalls = sorted({c for c in values if isinstance(c, int) and 1 < c <= max_dim // 2})
+    scale = 1
+    while large[-1] / scale > max_dim:
+        scale *= 2
     plan = {}
-    for v in sorted({v for v in values if isinstance(v, int) and v > max_dim}):
+    for v in large:
+        new = max(1, round(v / scale))
         step = 1
         for c in smalls:
             if v % c == 0 and math.lcm(step, c) <= 2 * max_dim:
                 step = math.lcm(step, c)
-        need = max([max_dim] + [2 * c for c in smalls if v % c == 0 and v >= 2 * c and 2 * c <= max_dim])
-        new = -(-need // step) * step
+        for c in smalls:
+            if v % c == 0 and v >= 2 * c and 2 * c <= max_dim:
+                new = max(new, 2 * c)
+        new = -(-new // step) * step
         plan[v] = min(v, new)
     return plan
+
+
+#: names of batch sizes: independent of every other size, shrunk on their own
+BATCH_NAMES = ("batch_size", "batch", "bs")
 
 
 def _const_int(node, env=None):
@@ -68,21 +83,28 @@ def _const_int(node, env=None):
 
 
 def _size_nodes(tree):
-    """``(node, value)`` for every size literal: name-free integer values of top-level
-    assignments (``a = 4096``, ``a = b = 4096``, ``a, b = 32, 32``, tuples) and integer
-    literals inside ``get_inputs`` / ``get_init_inputs``."""
+    """``(node, value, name)`` for every live size literal: name-free integer values of the
+    last top-level assignment of each name (``a = 4096``, ``a = b = 4096``,
+    ``a, b = 32, 32``, tuples) and integer literals inside ``get_inputs`` /
+    ``get_init_inputs`` (``name`` None)."""
+    last: dict[str, list] = {}
     out = []
     for node in tree.body:
         if isinstance(node, ast.Assign):
-            vals = node.value.elts if isinstance(node.value, (ast.Tuple, ast.List)) else [node.value]
-            for x in vals:
-                v = _const_int(x)
-                if v is not None:
-                    out.append((x, v))
+            for target in node.targets:
+                names = [t.id for t in target.elts] if isinstance(target, (ast.Tuple, ast.List)) else \
+                    [target.id] if isinstance(target, ast.Name) else []
+                vals = node.value.elts if isinstance(node.value, (ast.Tuple, ast.List)) and len(names) > 1 \
+                    else [node.value] * len(names)
+                for name, x in zip(names, vals):
+                    items = x.elts if isinstance(x, (ast.Tuple, ast.List)) else [x]
+                    last[name] = [(y, _const_int(y), name) for y in items if _const_int(y) is not None]
         elif isinstance(node, ast.FunctionDef) and node.name in ("get_inputs", "get_init_inputs"):
             for x in ast.walk(node):
                 if isinstance(x, ast.Constant) and isinstance(x.value, int) and not isinstance(x.value, bool):
-                    out.append((x, x.value))
+                    out.append((x, x.value, None))
+    for items in last.values():
+        out.extend(items)
     return out
 
 
@@ -106,16 +128,23 @@ class _Replace(ast.NodeTransformer):
 
 
 def _shrunk_module(path: Path, max_dim: int):
-    """Import ``path`` with its sizes shrunk consistently *in the source*: every size literal
-    (:func:`_size_nodes`) above ``max_dim`` is replaced through one :func:`shrink_plan`, so
-    equal sizes stay equal, divisibility by the small constants (groups, heads) is kept,
-    and values derived by name (``bias_shape = (out_channels, 1, 1)``,
+    """Import ``path`` with its sizes shrunk consistently *in the source*: every live size
+    literal (:func:`_size_nodes`) above ``max_dim`` is replaced through one
+    :func:`shrink_plan` (batch sizes, :data:`BATCH_NAMES`, on their own to ``max_dim // 4``),
+    so equal sizes stay equal, ratios and divisibility by the small constants (groups,
+    heads) are kept, and values derived by name (``bias_shape = (out_channels, 1, 1)``,
     ``normalized_shape = (features, dim)``) follow. Returns the module and the map used."""
     src = path.read_text()
     tree = ast.parse(src)
     nodes = _size_nodes(tree)
-    plan = shrink_plan([v for _, v in nodes], max_dim)
-    repl = {id(n): ast.copy_location(ast.Constant(plan[v]), n) for n, v in nodes if v in plan}
+    batch = [(n, v) for n, v, name in nodes if name in BATCH_NAMES]
+    sizes = [(n, v) for n, v, name in nodes if name not in BATCH_NAMES]
+    plan = shrink_plan([v for _, v in sizes], max_dim)
+    repl = {id(n): ast.copy_location(ast.Constant(plan[v]), n) for n, v in sizes if v in plan}
+    small_batch = max(2, max_dim // 4)
+    for n, v in batch:
+        if v > small_batch:
+            repl[id(n)] = ast.copy_location(ast.Constant(small_batch), n)
     _Replace(repl).visit(tree)
     ast.fix_missing_locations(tree)
     spec = importlib.util.spec_from_file_location(f"kb_{abs(hash(str(path)))}", path)

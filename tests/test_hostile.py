@@ -442,7 +442,9 @@ def test_kernelbench_shrinking_is_consistent(tmp_path):
     assert y.shape[-1] == mod.normalized_shape[-1] <= 32 and x.shape[1] == mod.channels
     model = mod.Model(*mod.get_init_inputs())
     assert model(x, y).isfinite()
-    assert kb.shrink_plan([96, 3, 12, 7], 16) == {96: 24}  # divisible by 3 and 12 (and no more than 2x)
+    assert kb.shrink_plan([96, 3, 6, 7], 16) == {96: 12}  # one scale (/8), still divisible by 3 and 6
+    assert kb.shrink_plan([64, 32, 16], 16) == {64: 16, 32: 8}  # out_channels = 2 * width stays
+    assert kb.shrink_plan([512, 64, 8], 16) == {512: 16, 64: 16}  # 64 channels keep 2 per group of 8
 
 
 def test_kernelbench_failures_group_by_translator_error_class():

@@ -69,13 +69,9 @@ def _locate(path: Path, message: str) -> str:
 def parse(file: Path = typer.Argument(..., help="A .leir file.")):
     """Parse a .leir file and print its canonical form (or the syntax error with line and column)."""
     from .leir import format_leir
-    from .leir.analysis import LeirSemanticError, analyze
 
     m = _load(file)
-    try:
-        analyze(m.program, m.signature)
-    except LeirSemanticError as e:
-        _fail(f"{file}: {e}")
+    _semantic(file, m)
     typer.echo(format_leir(m), nl=False)
 
 
@@ -339,7 +335,12 @@ def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
 
     for f in files or []:
         _guard_rule(f, lambda f=f: __import__("steptp.rules", fromlist=["load_rule"]).load_rule(f))
-    ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo)
+    from .rules import RuleError
+
+    try:
+        ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo)
+    except RuleError as e:
+        _fail(str(e))
     if not ok:
         raise typer.Exit(1)
 
