@@ -474,3 +474,19 @@ def test_time_limit_interrupts_python_work():
     assert time.perf_counter() - t0 < 2.0
     with time_limit(0, "none"):  # no limit
         pass
+
+
+def test_reduction_chains_get_their_implicit_init(tmp_path):
+    # E = E + a*b + c: a sum reduction over a and c (E occurs once with a plus sign)
+    head = "% program: p\n% input A: f32[4,8]\n% output E: f32[4]\n"
+    from steptp.leir.analysis import self_reference_kind
+
+    m = parse_leir(head + "B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx}=E^{f32,g}_{tx}+A^{f32,g}_{tx,a}*2.0-1.0;];\n")
+    info = analyze(m.program, m.signature)
+    assert info.equations[0].init == 0.0
+    e = parse_leir(head + "B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx}=A^{f32,g}_{tx,a}-E^{f32,g}_{tx}+1.0;];\n")
+    assert self_reference_kind(e.program.nests[0].body[0]) is None  # minus sign: not a reduction
+    a = write(tmp_path, "a.leir", head + "B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx}=E^{f32,g}_{tx}+A^{f32,g}_{tx,a}+1.0;];\n")
+    b = write(tmp_path, "b.leir", head + "B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx}=E^{f32,g}_{tx}+(A^{f32,g}_{tx,a}+1.0);];\n")
+    res = stp("verify", a, b)
+    assert res.exit_code == 0, res.output

@@ -8,7 +8,8 @@ This module is the single place where LEIR semantics (design.md §2) are decided
   position, ``max(index) + 1`` over the enclosing loop ranges (interval arithmetic).
 * **Reduction axes.** For an equation whose target also appears on its right-hand side,
   every enclosing loop index absent from the target subscript is a reduction axis.
-* **Implicit initialisation.** A self-referencing equation ``X = X (+|-|*) ...``,
+* **Implicit initialisation.** A self-referencing equation ``X = X (+|-|*) ...`` (also a
+  longer chain ``X = X + a - b`` in which ``X`` occurs once with a plus sign),
   ``X = max(X, ...)`` / ``min(X, ...)`` (same subscript) whose buffer is neither a known
   input nor written by an earlier equation is initialised to the identity of its operator
   (sum/sub -> 0, prod -> 1, max -> -inf, min -> +inf) before accumulation. A buffer
@@ -218,8 +219,9 @@ INIT_VALUES = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}
 def self_reference_kind(eq: A.Assign) -> str | None:
     """Operator of an accumulation ``X = X op ...`` on the identical subscript.
 
-    Returns ``"sum"`` (``X+..``, ``..+X``, ``X-..``), ``"prod"`` (``X*..``, ``..*X``),
-    ``"max"``/``"min"`` (``max(X,..)``, ``max(..,X)``) or ``None``.
+    Returns ``"sum"`` (``X+..``, ``..+X``, ``X-..``, and chains such as ``X+a+b`` or
+    ``a-b+X`` where ``X`` occurs once with a plus sign), ``"prod"`` (``X*..``, ``..*X``,
+    ``X*a*b``), ``"max"``/``"min"`` (``max(X,..)``, ``max(..,X)``) or ``None``.
     """
     t, v = eq.target, eq.value
     if isinstance(v, A.BinOp):
@@ -231,7 +233,29 @@ def self_reference_kind(eq: A.Assign) -> str | None:
             return "prod"
     if isinstance(v, A.Call) and v.func in ("max", "min") and t in v.args:
         return v.func
+    # a longer chain: X = X + a + b, X = a - b + X, X = X * a * b (X once, with a + sign)
+    for kind, terms in (("sum", _chain_terms(v, ("+", "-"))), ("prod", _chain_terms(v, ("*",)))):
+        if len(terms) > 2:
+            mine = [sign for term, sign in terms if term == t]
+            others = [term for term, _ in terms if term != t]
+            if mine == [1] and not any(isinstance(x, A.Tensor) and x.name == t.name
+                                       for o in others for x in A.walk(o)):
+                return kind
     return None
+
+
+def _chain_terms(e: A.Expr, ops: tuple[str, ...], sign: int = 1) -> list[tuple[A.Expr, int]]:
+    """Operands of a left- or right-nested chain of ``ops`` with their signs (``-`` flips
+    the sign of its right operand): ``X+a-b`` -> ``[(X,1), (a,1), (b,-1)]``."""
+    stack, out = [(e, sign)], []
+    while stack:
+        x, sg = stack.pop()
+        if isinstance(x, A.BinOp) and x.op in ops:
+            stack.append((x.rhs, -sg if x.op == "-" else sg))
+            stack.append((x.lhs, sg))
+        else:
+            out.append((x, sg))
+    return out
 
 
 def is_self_referencing(eq: A.Assign) -> bool:
