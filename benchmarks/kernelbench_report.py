@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/kernelbench_report.py KERNELBENCH/level1 [KERNELBENCH/level2 ...] \
-        [--max-dim 16] [--json out.json] [--timeout 60]
+        [--max-dim 16] [--json out.json] [--timeout 60] [--eval]
 
 KernelBench is not part of this repository (fetch it yourself). Its module-level shape
 constants (``batch_size = 4096``, ``dim = 393216`` ...) are far too large for a CPU check,
@@ -153,7 +153,7 @@ def _shrunk_module(path: Path, max_dim: int):
     return mod, {str(k): v for k, v in plan.items()}
 
 
-def _check_one(path: str, max_dim: int, q) -> None:
+def _check_one(path: str, max_dim: int, q, eval_mode: bool = False) -> None:
     import torch
 
     from steptp.frontend import translate_model
@@ -166,6 +166,8 @@ def _check_one(path: str, max_dim: int, q) -> None:
             mod, overrides = _shrunk_module(Path(path), dim)
             torch.manual_seed(0)
             model = mod.Model(*mod.get_init_inputs())
+            if eval_mode:
+                model.eval()
             inputs = list(mod.get_inputs())
         except Exception as e:  # noqa: BLE001
             failure = {"file": path, "stage": "load", "ok": False, "reason": f"{type(e).__name__}: {e}"[:300]}
@@ -231,6 +233,7 @@ def main() -> int:
     ap.add_argument("--max-dim", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--eval", action="store_true", help="put each model in eval() mode (dropout off)")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     results = []
@@ -238,7 +241,7 @@ def main() -> int:
         files = sorted(d.glob("*.py"), key=lambda p: (int(re.match(r"\d+", p.name).group()) if re.match(r"\d+", p.name) else 0))
         for f in files:
             q = ctx.Queue()
-            proc = ctx.Process(target=_check_one, args=(str(f), args.max_dim, q))
+            proc = ctx.Process(target=_check_one, args=(str(f), args.max_dim, q, args.eval))
             proc.start()
             proc.join(args.timeout)
             if proc.is_alive():
