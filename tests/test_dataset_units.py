@@ -68,13 +68,13 @@ def test_single_and_multi_messages_are_ms_swift_records():
     assert e0["original"]["leir"] in user and "torch.float16" in user and "shape [2]" in user
     assert '"applied_strategy"' in user
     assert label == '<think>cot 0</think><answer>{"transformed_IR": "T0", "applied_strategy": "loop split"}</answer>'
-    assert parse_answer(label) == [{"transformed_IR": "T0", "applied_strategy": "loop split"}]
+    assert parse_answer(label, check_ir=False) == [{"transformed_IR": "T0", "applied_strategy": "loop split"}]
 
     multi = multi_messages([e0, e1])
     label = multi["messages"][1]["content"]
     assert "2 transformed IRs" in label and "0. cot 0" in label and "1. cot 1" in label
     assert "Give 2 different" in multi["messages"][0]["content"]
-    assert [a["transformed_IR"] for a in parse_answer(label)] == ["T0", "T1"]
+    assert [a["transformed_IR"] for a in parse_answer(label, check_ir=False)] == ["T0", "T1"]
     with pytest.raises(ValueError, match="share the original"):
         multi_messages([e0, _entry(2, leir="other")])
 
@@ -93,8 +93,9 @@ def test_parse_answer_rejects_garbage_with_a_reason(text, reason):
 
 
 def test_parse_answer_accepts_fences_and_backslash_close():
-    text = '<think>x</think><answer>```json\n{"transformed_IR": "B", "applied_strategy": "s"}\n```<\\answer>'
-    assert parse_answer(text) == [{"transformed_IR": "B", "applied_strategy": "s"}]
+    ir = "B^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx};];"
+    text = '<think>x</think><answer>```json\n{"transformed_IR": "%s", "applied_strategy": "s"}\n```<\\answer>' % ir
+    assert parse_answer(text) == [{"transformed_IR": ir, "applied_strategy": "s"}]
 
 
 def test_appender_repairs_a_torn_line_and_keeps_earlier_records(tmp_path):

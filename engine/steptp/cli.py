@@ -44,19 +44,44 @@ def _load(path: Path):
         return load_leir(path)
     except LeirSyntaxError as e:
         _fail(str(e))
+    except OSError as e:
+        _fail(f"{path}: cannot read: {e.strerror or e}")
+
+
+def _semantic(path: Path, m) -> None:
+    """Exit 2 with ``FILE: message`` when the program is not meaningful (analysis)."""
+    from .leir.analysis import LeirSemanticError, analyze
+
+    try:
+        analyze(m.program, m.signature)
+    except LeirSemanticError as e:
+        _fail(f"{_locate(path, str(e))}: {e}")
+
+
+def _locate(path: Path, message: str) -> str:
+    """``FILE:LINE:COLUMN`` of the first equation quoted in a semantic error message when
+    it occurs verbatim in the file (canonical LEIR, as ``stp`` writes it), else ``FILE``."""
+    import re
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return str(path)
+    for quoted in re.findall(r"'([^']*=[^']*;)'", message):
+        pos = text.find(quoted)
+        if pos >= 0:
+            line = text.count("\n", 0, pos) + 1
+            return f"{path}:{line}:{pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+    return str(path)
 
 
 @app.command()
 def parse(file: Path = typer.Argument(..., help="A .leir file.")):
     """Parse a .leir file and print its canonical form (or the syntax error with line and column)."""
     from .leir import format_leir
-    from .leir.analysis import LeirSemanticError, analyze
 
     m = _load(file)
-    try:
-        analyze(m.program, m.signature)
-    except LeirSemanticError as e:
-        _fail(f"{file}: {e}")
+    _semantic(file, m)
     typer.echo(format_leir(m), nl=False)
 
 
@@ -69,6 +94,7 @@ def lower(file: Path = typer.Argument(..., help="A .leir file."),
     from .leir.analysis import LeirSemanticError
 
     m = _load(file)
+    _semantic(file, m)
     try:
         if cuda:
             typer.echo(cuda_source(m))
@@ -83,7 +109,9 @@ def translate(model: Path = typer.Argument(..., help="KernelBench-style .py file
               output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the .leir file here."),
               do_verify: bool = typer.Option(False, "--verify", help="Check the LEIR against PyTorch (3 seeded trials)."),
               seed: int = typer.Option(0, "--seed", help="Seed of the verification inputs."),
-              dtype: Optional[str] = typer.Option(None, "--dtype", help="Cast the model and inputs: f16, f32 or f64.")):
+              dtype: Optional[str] = typer.Option(None, "--dtype", help="Cast the model and inputs: f16, f32 or f64."),
+              eval_mode: bool = typer.Option(False, "--eval", help="Put the model in eval() mode first (dropout off, "
+                                                                   "running batch-norm statistics).")):
     """Translate a PyTorch program to LEIR; with --verify exit non-zero unless it matches PyTorch."""
     from .frontend import TranslationError, translate_file
     from .leir import format_leir, save_leir
@@ -91,7 +119,7 @@ def translate(model: Path = typer.Argument(..., help="KernelBench-style .py file
     if not model.exists():
         _fail(f"{model}: no such file")
     try:
-        tr = translate_file(model, dtype=dtype)
+        tr = translate_file(model, dtype=dtype, eval_mode=eval_mode)
     except TranslationError as e:
         _fail(f"{model}: {e}", 1)
     if output:
@@ -112,7 +140,10 @@ def _print_verification(res) -> None:
         if hasattr(res, name):
             val = getattr(res, name)
             typer.echo(f"{name.capitalize():6} {'pass' if val else 'FAIL'}")
-    typer.echo(f"max_abs_err {res.max_abs_err:.3g}  max_rel_err {res.max_rel_err:.3g}  trials {res.trials}")
+    def num(x) -> str:
+        return "n/a" if x is None else f"{x:.3g}"
+
+    typer.echo(f"max_abs_err {num(res.max_abs_err)}  max_rel_err {num(res.max_rel_err)}  trials {res.trials}")
     if res.reason:
         typer.echo(f"reason: {res.reason}")
 
@@ -122,17 +153,38 @@ def verify(original: Path = typer.Argument(..., help="Original .leir file."),
            transformed: Path = typer.Argument(..., help="Transformed .leir file (same known tensors)."),
            seed: int = typer.Option(0, "--seed"),
            trials: int = typer.Option(3, "--trials", min=1),
-           no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx.")):
+           no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx."),
+           timeout: float = typer.Option(300.0, "--timeout", min=1.0,
+                                         help="Time limit in seconds for building and running each program.")):
     """Check a transformed program against its original: prints Diff/Build/Exec/Equal; exit 0 only on Equal.
 
-    Build = CPU (llvm) build + GPU preflight + TVM CUDA codegen + nvcc --ptx (when nvcc is on PATH)."""
+    Build = CPU (llvm) build + GPU preflight + TVM CUDA codegen + nvcc --ptx (when nvcc is on PATH).
+    Both programs run in a worker process with a time limit (a crash or hang is an Exec failure),
+    intermediates and outputs start as NaN (a read of an element never written fails), and
+    programs whose buffers exceed 2 GiB are refused before anything runs."""
     from .verify import verify_pair
 
     a, b = _load(original), _load(transformed)
-    res = verify_pair(a, b, trials=trials, seed=seed, nvcc=not no_nvcc)
+    res = verify_pair(a, b, trials=trials, seed=seed, nvcc=not no_nvcc, isolated=True, timeout_s=timeout)
     _print_verification(res)
     if not res.equal:
         raise typer.Exit(1)
+
+
+def _guard_rule(path: Path, fn):
+    """Run ``fn`` (loading or applying a rule); a broken rule file becomes ``FILE: field:
+    message`` and exit 2, never a traceback. :class:`NoMatch` passes through."""
+    from .rules.errors import rule_problem
+
+    try:
+        return fn()
+    except FileNotFoundError:
+        _fail(f"{path}: no such rule file")
+    except Exception as e:  # noqa: BLE001 - classified below; NoMatch is re-raised
+        msg = rule_problem(e, path)
+        if msg is None:
+            raise
+        _fail(msg)
 
 
 @app.command()
@@ -146,15 +198,13 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
     """Apply one rule at one site: print the transformed LEIR and its chain of thought."""
     from .engine import NoMatch, RewriteError, apply_rule, list_candidates
     from .leir import format_program, save_leir
-    from .rules import RuleError, load_rule
+    from .rules import load_rule
 
-    try:
-        r = load_rule(rule)
-    except (RuleError, FileNotFoundError) as e:
-        _fail(str(e))
+    r = _guard_rule(rule, lambda: load_rule(rule))
     m = _load(program)
+    _semantic(program, m)
     try:
-        cands = list_candidates(r, m)
+        cands = _guard_rule(rule, lambda: list_candidates(r, m))
     except NoMatch as e:
         _fail(str(e), 1)
     if not cands:
@@ -183,7 +233,7 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
             _fail(f"--site {site} out of range: {len(cands)} candidate(s), see --all")
         chosen, params = cands[site]
     try:
-        step = apply_rule(r, m, seed=seed, site=chosen, params=params)
+        step = _guard_rule(rule, lambda: apply_rule(r, m, seed=seed, site=chosen, params=params))
     except NoMatch as e:
         _fail(str(e), 1)
     except RewriteError as e:
@@ -198,7 +248,7 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
     if do_verify:
         from .verify import verify_pair
 
-        res = verify_pair(m, step.after, trials=3, seed=seed)
+        res = verify_pair(m, step.after, trials=3, seed=seed, isolated=True, timeout_s=300.0)
         _print_verification(res)
         if not res.equal:
             raise typer.Exit(1)
@@ -250,10 +300,15 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         _fail(str(e))
     except RayUnavailable as e:
         _fail(str(e), 1)
+    except OSError as e:
+        _fail(f"{e.filename or outdir}: {e.strerror or e}")
     if parquet:
         from .dataset.writers import to_parquet
 
-        to_parquet(outdir / "dictionary.jsonl", outdir / "dictionary.parquet")
+        try:
+            to_parquet(outdir / "dictionary.jsonl", outdir / "dictionary.parquet")
+        except OSError as e:
+            _fail(f"{e.filename or outdir / 'dictionary.parquet'}: cannot write: {e.strerror or e}")
     typer.echo(json.dumps({k: report[k] for k in ("programs", "entries", "chat_single", "chat_multi",
                                                    "by_strategy", "by_level")}, indent=2))
     if report["programs_failed"]:
@@ -428,7 +483,14 @@ def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
     """Run each rule's own before/after tests (exact LEIR) and verify them numerically."""
     from .rules.selftest import run_selftests
 
-    ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo)
+    for f in files or []:
+        _guard_rule(f, lambda f=f: __import__("steptp.rules", fromlist=["load_rule"]).load_rule(f))
+    from .rules import RuleError
+
+    try:
+        ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo)
+    except RuleError as e:
+        _fail(str(e))
     if not ok:
         raise typer.Exit(1)
 

@@ -182,12 +182,88 @@ def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, co
         n = int(bad_special.sum())
         return (f"output {name} differs in trial {trial}: {n} element(s) with mismatched inf/nan, first at "
                 f"{idx} (ref {r[idx]!r}, got {o[idx]!r})")
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = np.where(np.isfinite(r) & np.isfinite(o), np.abs(r - o), 0.0)
-    idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(d)), d.shape)) if d.ndim else ()
     rt, at = TOLERANCES[code]
-    return (f"output {name} differs in trial {trial}: max abs error {float(d.max()):.3g} at {idx} "
-            f"(ref {r[idx]:.9g}, got {o[idx]:.9g}); tolerance {code} rtol={rt:g} atol={at:g}*max(1,rms)")
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(r) & np.isfinite(o)
+        d = np.where(finite, np.abs(r - o), 0.0)
+        scale = max(1.0, _rms(r[np.isfinite(r)]))
+        allowed = at * scale + rt * np.abs(np.where(finite, r, 0.0))
+        excess = np.where(finite, d - allowed, -np.inf)
+    failing = excess > 0
+    n = int(failing.sum())
+    # the element that fails the tolerance by the widest margin (not merely the largest error)
+    flat = int(np.argmax(excess)) if n else int(np.argmax(d))
+    idx = tuple(int(i) for i in np.unravel_index(flat, d.shape)) if d.ndim else ()
+    return (f"output {name} differs in trial {trial}: {n} element(s) outside the tolerance, worst at {idx} "
+            f"(ref {r[idx]:.9g}, got {o[idx]:.9g}, abs error {float(d[idx]):.3g} > allowed {float(allowed[idx]):.3g}); "
+            f"tolerance {code} rtol={rt:g} atol={at:g}*max(1,rms)")
+
+
+def poisoned_elements(outputs: Mapping[str, np.ndarray], signature: Signature) -> str:
+    """'' when no floating-point output holds the poison pattern of
+    :data:`steptp.backend.tvmscript.POISON_BITS`, else a sentence naming the first output
+    and element that does: it was never written, or was computed from an element of an
+    intermediate/output that was never written (outputs and intermediates start poisoned
+    in verification runs)."""
+    from .backend.tvmscript import POISON_BITS
+
+    for t in signature.outputs:
+        dt = tvm_dtype(t.dtype)
+        if dt not in POISON_BITS or t.name not in outputs:
+            continue
+        bits_t, bits = POISON_BITS[dt]
+        a = np.ascontiguousarray(outputs[t.name])
+        hit = a.view(np.dtype(bits_t)) == bits
+        if hit.any():
+            idx = tuple(int(i) for i in np.argwhere(hit)[0]) if a.ndim else ()
+            return (f"output {t.name} element {idx} ({int(hit.sum())} in all) was never written or was computed "
+                    f"from an element that was never written (poisoned-buffer run)")
+    return ""
+
+
+def poison_outputs(signature: Signature) -> dict[str, np.ndarray]:
+    """Output arrays filled with the poison NaN of their dtype (non-float outputs: zeros)."""
+    from .backend.tvmscript import POISON_BITS
+
+    out = {}
+    for t in signature.outputs:
+        dt = tvm_dtype(t.dtype)
+        if dt in POISON_BITS:
+            bits_t, bits = POISON_BITS[dt]
+            out[t.name] = np.full(tuple(t.shape), bits, dtype=np.dtype(bits_t)).view(np_dtype(dt))
+    return out
+
+
+#: Default resource limits of one verification (checked before anything is built).
+MAX_VERIFY_BYTES = 2 << 30          # all buffers of one program (known tensors + intermediates)
+MAX_VERIFY_WORK = 1 << 31           # equation instances executed per trial (sum over equations)
+
+
+def resource_problem(module: LeirModule, max_bytes: int | None = None, max_work: int | None = None) -> str:
+    """'' when ``module`` fits the verification limits (default :data:`MAX_VERIFY_BYTES`,
+    :data:`MAX_VERIFY_WORK`, read at call time), else the reason (buffer bytes or executed
+    equation instances per trial above the limit). Semantic errors are left to the
+    lowering."""
+    max_bytes = MAX_VERIFY_BYTES if max_bytes is None else max_bytes
+    max_work = MAX_VERIFY_WORK if max_work is None else max_work
+    try:
+        info = analyze(module.program, module.signature, check_bounds=False)
+    except (LeirSemanticError, ValueError):
+        return ""
+    total = 0
+    for name, shape in info.shapes.items():
+        try:
+            item = np_dtype(tvm_dtype(info.dtype(name))).itemsize
+        except Exception:  # noqa: BLE001 - unsupported dtype: the lowering reports it
+            item = 8
+        total += math.prod(shape) * item
+    if total > max_bytes:
+        return f"the program's buffers need {total} bytes, above the verification limit of {max_bytes} bytes"
+    work = sum(math.prod(l.extent for l in s.inst.loops) for s in info.equations)
+    if work > max_work:
+        return (f"the program executes {work} equation instances per trial, above the verification limit of "
+                f"{max_work}")
+    return ""
 
 
 # ---------------------------------------------------------------------------
@@ -348,6 +424,8 @@ def default_runner() -> IsolatedRunner:
 
 def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig: Signature,
              inputs: list[dict], cuda_text: str | None) -> list[dict]:
+    poison = poison_outputs(sig)
+    inputs = [{**x, **poison} for x in inputs]
     if runner is None:
         return run_lowered(cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch)
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
@@ -360,7 +438,7 @@ def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool, limits: GpuLimits,
     Returns the CPU TVMScript and the CUDA TVMScript that the runner still has to compile
     (``None`` when there is none, or when CUDA code generation already ran here: with
     ``artifacts`` or nvcc, it runs once in this process and the CUDA source is reused)."""
-    low = lower_module(module, None, "cpu")
+    low = lower_module(module, None, "cpu", poison=True)
     cuda_text = None
     if gpu_check:
         preflight(module, None, limits)
@@ -469,6 +547,14 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     if mismatch:
         res.reason = f"build: {mismatch}"
         return res
+    too_big = resource_problem(original)
+    if too_big:
+        res.reason = f"original program failed (limits): {too_big}"
+        return res
+    too_big = resource_problem(transformed)
+    if too_big:
+        res.reason = f"build: {too_big}"
+        return res
     run = _runner_for(isolated, runner)
     sig = original.signature
 
@@ -489,6 +575,11 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
         except BackendError as e:
             res.reason = f"original program failed ({_stage_word(e)}): {e.reason}"
             return res
+        for k, ref in enumerate(refs):
+            bad = poisoned_elements(ref, sig)
+            if bad:
+                res.reason = f"original program failed (exec): trial {k}: {bad}"
+                return res
         if key is not None:
             _REF_CACHE[key] = (inputs, refs)
             while len(_REF_CACHE) > _REF_CACHE_SIZE:
@@ -500,6 +591,10 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
 def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], refs: list[Mapping],
                      run: IsolatedRunner | None, timeout_s: float, gpu_check: bool, nvcc: bool,
                      limits: GpuLimits, artifacts: dict | None = None) -> VerifyResult:
+    too_big = resource_problem(module)
+    if too_big:
+        res.reason = f"build: {too_big}"
+        return res
     try:
         cpu_text, cuda_text = _prepare(module, gpu_check, nvcc, limits, artifacts)
         outs = _execute(run, timeout_s, cpu_text, module.signature, inputs, cuda_text)
@@ -510,7 +605,13 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
         res.build = True
         res.reason = f"exec: {e.reason}"
         return res
-    res.build = res.exec = True
+    res.build = True
+    for k, out in enumerate(outs):
+        bad = poisoned_elements(out, module.signature)
+        if bad:
+            res.reason = f"exec: trial {k}: {bad}"
+            return res
+    res.exec = True
     _compare_all(res, refs, outs, module.signature)
     return res
 
@@ -536,6 +637,10 @@ def verify_against(module: LeirModule, reference_fn: Callable[[dict[str, np.ndar
     """
     res = VerifyResult(diff=True)
     sig = module.signature
+    too_big = resource_problem(module)
+    if too_big:
+        res.reason = f"build: {too_big}"
+        return res
     run = _runner_for(isolated, runner)
     if input_fn is None:
         inputs = [random_inputs(sig, seed, k, [module.program]) for k in range(trials)]
@@ -553,5 +658,6 @@ def clear_reference_cache() -> None:
     _REF_CACHE.clear()
 
 
-__all__ = ["TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
+__all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
+           "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache"]

@@ -224,7 +224,17 @@ class _Namer:
         return "v_" + self.loop[loop_var]
 
 
+#: Bit patterns of the quiet NaNs that fill buffers in a poisoned build (``lower_module(...,
+#: poison=True)``): a kernel that reads an element nothing wrote, or leaves an output
+#: element unwritten, carries this exact pattern into its outputs (x86 and LLVM propagate a
+#: NaN operand's payload). Default NaNs (``log(-1)``) have other payloads.
+POISON_BITS = {"float16": ("uint16", 0x7E5D), "bfloat16": ("uint16", 0x7FDD), "float32": ("uint32", 0x7FC0DEAD),
+               "float64": ("uint64", 0x7FF8DEADBEEFDEAD)}
+
+
 class _Emitter:
+    poison = False
+
     def __init__(self, prog: A.Program, sig: Signature, info: ProgramInfo, target: str):
         self.prog, self.sig, self.info, self.target = prog, sig, info, target
         self.names = _Namer(prog, sig, info)
@@ -448,6 +458,27 @@ class _Emitter:
         self.ctx = None
         return d
 
+    def poison_fill(self, depth: int, name: str) -> None:
+        """Fill a floating-point intermediate with :data:`POISON_BITS` before the program runs."""
+        dt = self.types[name]
+        if dt not in POISON_BITS:
+            return
+        bits_t, bits = POISON_BITS[dt]
+        shape = self.info.shapes[name]
+        d = depth
+        loops = [A.Loop("L", n, f"_pz{i}") for i, n in enumerate(shape)]
+        for i, n in enumerate(shape):
+            self.out(d, f"for _pz{i} in range({n}):")
+            d += 1
+        self.out(d, f'with T.sblock("{self.block_name(name + "_poison")}"):')
+        ivs = [f"v__pz{i}" for i in range(len(shape))]
+        if len(loops) == 1:
+            self.out(d + 1, f"{ivs[0]} = T.axis.spatial({shape[0]}, _pz0)")
+        elif loops:
+            self.out(d + 1, f'{", ".join(ivs)} = T.axis.remap("{"S" * len(loops)}", [{", ".join(l.var for l in loops)}])')
+        target = f"{self.names.buf[name]}[{', '.join(ivs)}]" if ivs else f"{self.names.buf[name]}[()]"
+        self.out(d + 1, f'{target} = T.reinterpret("{dt}", T.{bits_t}({bits}))')
+
     # ------------------------------------------------------------- program
     def run(self) -> str:
         prog, sig, info = self.prog, self.sig, self.info
@@ -486,6 +517,9 @@ class _Emitter:
                 self.out(depth, f'{self.names.buf[n]} = T.sblock_alloc_buffer({_shape(info.shapes[n])}, '
                                 f'"{self.types[n]}", scope="{scope}")')
         self.block_names = set()
+        if self.poison:
+            for n in info.intermediates:
+                self.poison_fill(depth, n)
         k = 0
         for n, nest in enumerate(prog.nests):
             for c in self._nest_ctxs.get(n, []):
@@ -532,12 +566,15 @@ def _strip(s: str) -> str:
     return s
 
 
-def lower_module(module_or_program, signature: Signature | None = None, target: str = "cpu") -> Lowered:
+def lower_module(module_or_program, signature: Signature | None = None, target: str = "cpu",
+                 poison: bool = False) -> Lowered:
     """Lower LEIR to TVMScript and return it with its parameter mapping (see :class:`Lowered`).
 
     Raises :class:`LoweringError` for LEIR semantic errors (shapes, bounds, dtype clashes,
     from :func:`steptp.leir.analysis.analyze`), unsupported dtypes/constructs, a tensor used
     with two storage scopes, and loop hazards (:func:`steptp.backend.preflight.loop_hazards`).
+    ``poison=True`` (verification builds) first fills every floating-point intermediate
+    with the NaN pattern :data:`POISON_BITS` of its dtype.
     """
     if target not in TARGETS:
         raise LoweringError(f"unknown target {target!r}; expected one of {TARGETS}")
@@ -550,6 +587,7 @@ def lower_module(module_or_program, signature: Signature | None = None, target: 
     if hazards:
         raise LoweringError("; ".join(hazards))
     em = _Emitter(prog, sig, info, target)
+    em.poison = poison
     text = em.run()
     params = tuple((t.name, em.names.buf[t.name]) for t in sig.tensors)
     return Lowered(text, target, sig, params, info)

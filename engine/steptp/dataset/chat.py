@@ -60,33 +60,110 @@ def multi_messages(entries: list[dict]) -> dict:
                      "strategies": [e["strategy"]["id"] for e in entries]}}
 
 
-_ANSWER_RE = re.compile(r"<\s*[\\/]answer\s*>")
+#: Largest model output :func:`parse_answer` reads (characters); longer text is refused.
+MAX_ANSWER_CHARS = 2_000_000
+_CLOSE_RE = re.compile(r"<[ \t\r\n]*[\\/]answer[ \t\r\n]*>")
 
 
-def parse_answer(text: str) -> list[dict]:
+def _find_close(body: str) -> tuple[int, int] | None:
+    """Span of the first ``</answer>`` (or ``<\\answer>``, spaces allowed) in linear time:
+    the regex is only tried at each ``<``, and a whitespace run is skipped once."""
+    i = body.find("<")
+    while i >= 0:
+        m = _CLOSE_RE.match(body, i)
+        if m:
+            return m.start(), m.end()
+        j = i + 1
+        while j < len(body) and body[j] in " \t\r\n":
+            j += 1
+        i = body.find("<", j)
+    return None
+
+
+def _strip_fence(body: str) -> str:
+    """Drop a leading ```json / ``` fence and a trailing ``` (no backtracking regex)."""
+    body = body.strip()
+    if body.startswith("```"):
+        body = body[3:]
+        if body.startswith("json"):
+            body = body[4:]
+        body = body.lstrip()
+    if body.endswith("```"):
+        body = body[:-3].rstrip()
+    return body
+
+
+def _signature_of(sig):
+    from ..leir.fileformat import Signature, TensorDecl
+
+    if sig is None or isinstance(sig, Signature):
+        return sig
+    return Signature(sig["name"], tuple(TensorDecl(t["name"], t["role"], t["dtype"], tuple(t["shape"]))
+                                        for t in sig["tensors"]))
+
+
+def _check_ir(i: int, text: str, signature) -> None:
+    """The transformed IR must be LEIR; with a signature it must also be a valid program
+    over exactly those known tensors (a header, when present, must match it)."""
+    from ..leir.analysis import LeirSemanticError, analyze
+    from ..leir.fileformat import parse_leir
+    from ..leir.parser import LeirSyntaxError
+
+    try:
+        m = parse_leir(text, f"answer item {i} transformed_IR")
+    except LeirSyntaxError as e:
+        raise AnswerError(f"answer item {i}: transformed_IR is not LEIR: {e}") from None
+    if signature is None:
+        return
+    if m.signature.tensors:
+        want = {t.name: (t.role == "output", t.dtype, tuple(t.shape)) for t in signature.tensors}
+        got = {t.name: (t.role == "output", t.dtype, tuple(t.shape)) for t in m.signature.tensors}
+        if want != got:
+            raise AnswerError(f"answer item {i}: transformed_IR declares other tensors than the prompt "
+                              f"({sorted(set(got) ^ set(want)) or 'changed shapes/dtypes'})")
+    try:
+        analyze(m.program, signature)
+    except LeirSemanticError as e:
+        raise AnswerError(f"answer item {i}: transformed_IR does not fit the prompt's signature: {e}") from None
+
+
+def parse_answer(text: str, signature=None, check_ir: bool = True) -> list[dict]:
     """Parse a model answer into a list of ``{"transformed_IR", "applied_strategy"}`` dicts.
 
     Accepts ``<answer>...</answer>`` (also the ``<\\answer>`` variant), optionally fenced
-    with ```json, holding a JSON object or a list of objects. Raises :class:`AnswerError`
-    naming what is wrong: no answer block, invalid JSON (with line/column), a non-object
-    item, or a missing/non-string ``transformed_IR`` / ``applied_strategy``.
+    with ```json, holding a JSON object or a list of objects. Every ``transformed_IR`` must
+    parse as LEIR; with ``signature`` (a :class:`~steptp.leir.fileformat.Signature` or a
+    dictionary entry's ``signature`` dict) it must also be a valid program over exactly
+    the prompt's known tensors (``check_ir=False`` skips both checks). Linear time; text above :data:`MAX_ANSWER_CHARS` is
+    refused. Raises :class:`AnswerError` naming what is wrong: no answer block, invalid
+    JSON (with line/column, also JSON nested too deeply or numbers too long), a non-object
+    item, a missing/non-string ``transformed_IR`` / ``applied_strategy``, or an IR that is
+    not LEIR or does not fit the signature.
     """
+    if not isinstance(text, str):
+        raise AnswerError(f"the model output is a {type(text).__name__}, expected text")
+    if len(text) > MAX_ANSWER_CHARS:
+        raise AnswerError(f"the model output has {len(text)} characters, above the limit {MAX_ANSWER_CHARS}")
     start = text.find("<answer>")
     if start < 0:
         raise AnswerError("no <answer> block in the model output")
     body = text[start + len("<answer>"):]
-    m = _ANSWER_RE.search(body)
-    if not m:
+    span = _find_close(body)
+    if span is None:
         raise AnswerError("<answer> block is not closed")
-    body = body[:m.start()].strip()
-    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", body)
+    body = _strip_fence(body[:span[0]])
     try:
         data = json.loads(body)
     except json.JSONDecodeError as e:
         raise AnswerError(f"answer is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise AnswerError("answer is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer beyond Python's digit limit
+        raise AnswerError(f"answer is not valid JSON: {e}") from None
     items = data if isinstance(data, list) else [data]
     if not items:
         raise AnswerError("answer list is empty")
+    sig = _signature_of(signature)
     out = []
     for i, it in enumerate(items):
         if not isinstance(it, dict):
@@ -94,6 +171,8 @@ def parse_answer(text: str) -> list[dict]:
         for key in ("transformed_IR", "applied_strategy"):
             if not isinstance(it.get(key), str) or not it[key].strip():
                 raise AnswerError(f"answer item {i} has no string '{key}'")
+        if check_ir:
+            _check_ir(i, it["transformed_IR"], sig)
         out.append({"transformed_IR": it["transformed_IR"], "applied_strategy": it["applied_strategy"]})
     return out
 

@@ -154,6 +154,7 @@ class _RuleRun:
 
     def __init__(self, rule, module: LeirModule, src: Source, opts: Options):
         from ..engine import NoMatch, list_candidates
+        from ..timelimit import time_limit
 
         self.rule, self.module, self.opts = rule, module, opts
         self.rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
@@ -162,7 +163,8 @@ class _RuleRun:
         self.pending: list[tuple] = []    # passed everything but the batched nvcc
         self.cands: list = []
         try:
-            self.cands = list_candidates(rule, module)
+            with time_limit(opts.timeout_s if opts.isolated else 0, f"rule {rule.id}: site enumeration"):
+                self.cands = list_candidates(rule, module)
         except NoMatch:
             pass
         except Exception as e:  # noqa: BLE001 - a rule that crashes on one program costs that rule only
@@ -177,6 +179,7 @@ class _RuleRun:
     def advance(self, defer_nvcc: bool) -> bool:
         """Verify further candidates until enough are kept or pending; False if none was tried."""
         from ..engine import apply_rule
+        from ..timelimit import time_limit
         from ..verify import verify_pair
 
         opts, rule = self.opts, self.rule
@@ -187,7 +190,8 @@ class _RuleRun:
             site, params = self.cands[self.order[self.pos]]
             self.pos += 1
             try:
-                step = apply_rule(rule, self.module, seed=self.rng.randrange(2**31), site=site, params=params)
+                with time_limit(opts.timeout_s if opts.isolated else 0, f"rule {rule.id}: application"):
+                    step = apply_rule(rule, self.module, seed=self.rng.randrange(2**31), site=site, params=params)
             except Exception as e:  # noqa: BLE001
                 self.tries += 1
                 self.attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})

@@ -10,10 +10,14 @@ Output directory layout::
     OUTDIR/chat_multi.jsonl    ms-swift multi-answer set (filtered, derived; atomic rewrite)
     OUTDIR/report.json         counts per strategy/category/level, pass rates, sizes
 
-Crash safety: entries of a program are appended (flushed and fsynced) before its state
-line, so an interrupted run loses at most the programs in flight; on rerun finished
-programs are skipped and entries already present (same id) are never duplicated. Derived
-files are rebuilt from the dictionary at the end of every run.
+Crash safety: entries of a program are appended (flushed and fsynced) before its
+attempts and its state line, which lists the program's entry ids and so commits it. Only
+complete lines count on resume, and a program is done only when all its listed entries are
+in the dictionary (:mod:`steptp.dataset.resume`), so an interrupted or truncated run loses
+nothing: rerunning the same command appends exactly what is missing and never duplicates an
+entry. Derived files are rebuilt from the dictionary at the end of every run. Foreign
+lines in the output files, a read-only directory or a full disk raise :class:`DatasetError`
+naming the file.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tqdm import tqdm
 from .chat import multi_messages, single_messages
 from .difficulty import FilterPolicy, filter_multi_items, keep_single
 from .generate import Options, ProgramResult, process_safe
+from .resume import ResumeError, load_resume_state
 from .sources import discover
 from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
 
@@ -79,21 +84,39 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     policy = policy or FilterPolicy(seed=opts.seed)
     sources = discover(inputs)
     out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _generate(sources, out, opts, policy, workers, progress, on_result)
+    except ResumeError as e:
+        raise DatasetError(f"{e}; the output directory was left unchanged (use another -o or fix the file)") from None
+    except OSError as e:
+        raise DatasetError(f"{e.filename or out}: cannot write: {e.strerror or e}") from None
+
+
+def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: int, progress: bool,
+              on_result) -> dict:
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"{out}: exists and is not a directory")
     run_file = out / "run.json"
     run_opts = _run_options(opts, policy)
     if run_file.exists():
-        previous = json.loads(run_file.read_text())
+        try:
+            previous = json.loads(run_file.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DatasetError(f"{run_file}: not a run description ({e})") from None
+        if not isinstance(previous, dict):
+            raise DatasetError(f"{run_file}: not a run description (expected a JSON object)")
         if previous != run_opts:
             diff = sorted(k for k in set(previous) | set(run_opts) if previous.get(k) != run_opts.get(k))
             detail = "; ".join(f"{k}: {previous.get(k)!r} there, {run_opts.get(k)!r} now" for k in diff)
             raise DatasetError(f"{out} holds a run with different options ({detail}); "
                                "use another output directory or delete it")
-    else:
+    load_resume_state(out, validate_only=True)  # refuse foreign files before writing anything
+    out.mkdir(parents=True, exist_ok=True)
+    if not run_file.exists():
         write_json_atomic(run_file, run_opts)
 
-    done = {r["key"] for r in read_jsonl(out / "state.jsonl")}
-    known_ids = {r["id"] for r in read_jsonl(out / "dictionary.jsonl")}
+    resume = load_resume_state(out)
+    done, known_ids = resume.done, resume.known_ids
     todo = [s for s in sources if s.key not in done]
 
     dict_w = JsonlAppender(out / "dictionary.jsonl")
@@ -104,11 +127,13 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
 
     def record(res: ProgramResult) -> None:
         new = [e for e in res.entries if e["id"] not in known_ids]
-        known_ids.update(e["id"] for e in new)
         dict_w.write_many(new)
-        att_w.write_many({"source": res.source, **a} for a in res.attempts)
+        known_ids.update(e["id"] for e in new)
+        att_w.write_many({"source": res.source, "key": res.key, **a} for a in res.attempts)
+        # the state line is the commit record: written last, it lists every entry of the program
         state_w.write_many([{"key": res.key, "source": res.source, "program": res.program,
-                             "entries": len(new), "error": res.error, "seconds": round(res.seconds, 3)}])
+                             "entries": len(new), "ids": [e["id"] for e in res.entries], "error": res.error,
+                             "seconds": round(res.seconds, 3)}])
         bar.update(1)
         bar.set_postfix(entries=len(known_ids))
         if res.error:
@@ -174,7 +199,8 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     passed = Counter(a["rule"] for a in attempts if a["outcome"] == "equal")
     report = {
         "programs": len(states),
-        "programs_failed": [{"source": s["source"], "error": s["error"]} for s in states if s["error"]],
+        "programs_failed": sorted(({"source": s.get("source"), "error": s["error"]} for s in states if s.get("error")),
+                                  key=lambda d: str(d["source"])),
         "entries": len(entries),
         "chat_single": len(singles),
         "chat_multi": len(multis),

@@ -50,16 +50,26 @@ class JsonlAppender:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.repaired_bytes = _repair_tail(self.path)
-        self._f = open(self.path, "a", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not os.access(self.path, os.W_OK):
+                raise PermissionError(13, "Permission denied", str(self.path))
+            self._f = open(self.path, "a", encoding="utf-8")
+            self.repaired_bytes = _repair_tail(self.path)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
 
     def write_many(self, records: Iterable[dict]) -> int:
+        """Append ``records`` (one line each), flush and fsync. An ``OSError`` (full disk,
+        lost permission...) is re-raised with this file's name as ``filename``."""
         lines = [json.dumps(r, ensure_ascii=False, sort_keys=False) + "\n" for r in records]
         if lines:
-            self._f.write("".join(lines))
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            try:
+                self._f.write("".join(lines))
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            except OSError as e:
+                raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
         return len(lines)
 
     def close(self) -> None:
@@ -73,22 +83,34 @@ class JsonlAppender:
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict]:
-    """Yield the records of a JSONL file; a torn last line is ignored, other bad lines raise
-    ``ValueError`` naming the file and line number."""
+    """Yield the records of a JSONL file. Only complete lines count: a last line without
+    its newline (torn by a crash, whether or not it happens to parse) is ignored; any other
+    line that is not valid JSON raises ``ValueError`` naming the file and line number."""
+    for _lineno, rec in read_jsonl_lines(path):
+        yield rec
+
+
+def read_jsonl_lines(path: str | Path) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed JSON value)`` for every complete, non-blank line (see
+    :func:`read_jsonl`; values need not be objects: callers validate them)."""
     p = Path(path)
     if not p.exists():
         return
-    with open(p, encoding="utf-8") as f:
-        lines = f.readlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
+    with open(p, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    complete = lines[:-1]  # the part after the last newline is torn (or empty)
+    for i, raw in enumerate(complete, 1):
+        if not raw.strip():
             continue
         try:
-            yield json.loads(line)
+            yield i, json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"{p}:{i}: not UTF-8 text") from None
         except json.JSONDecodeError as e:
-            if i == len(lines) and not line.endswith("\n"):
-                return  # torn last line of an interrupted run
             raise ValueError(f"{p}:{i}: invalid JSON line ({e.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{p}:{i}: JSON nested too deeply") from None
 
 
 def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
@@ -134,4 +156,4 @@ def to_parquet(jsonl_path: str | Path, parquet_path: str | Path,
     return len(rows)
 
 
-__all__ = ["JsonlAppender", "read_jsonl", "write_jsonl_atomic", "write_json_atomic", "to_parquet"]
+__all__ = ["JsonlAppender", "read_jsonl", "read_jsonl_lines", "write_jsonl_atomic", "write_json_atomic", "to_parquet"]

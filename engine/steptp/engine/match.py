@@ -373,7 +373,10 @@ class _WhereCompiler:
             while peek().kind == "op" and peek().text in ("*", "/", "%"):
                 op = peek().text
                 pos += 1
-                a = f"({op} {a} {atom()})"
+                rhs = atom()
+                if op in ("/", "%") and rhs.strip() == "0":
+                    raise CompileError(field_, f"'{op} 0' divides by zero")
+                a = f"({op} {a} {rhs})"
             return a
 
         def add():

@@ -538,10 +538,24 @@ def eval_let(spec, ctx: EvalContext):
 # ---------------------------------------------------------------------------
 
 
+#: Largest number of values one parameter domain may have (a larger ``range`` or
+#: permutation set is a rule error, not a stall).
+MAX_DOMAIN_VALUES = 100_000
+
+
 def divisors(n: int, exclude: Iterable = ()) -> list[int]:
-    """Every divisor of ``n`` (ascending) not in ``exclude``."""
+    """Every divisor of ``n`` (ascending) not in ``exclude``: trial division up to
+    ``sqrt(n)`` (O(sqrt n): 32k steps for ``n = 2**30``)."""
     ex = set(exclude)
-    return [d for d in range(1, n + 1) if n % d == 0 and d not in ex]
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return [x for x in small + large[::-1] if x not in ex]
 
 
 def permutations(items: tuple, exclude_identity: bool = True, keep_innermost_kinds: Iterable[str] = ()) -> list:
@@ -581,11 +595,19 @@ def _domain_values(spec: dict, ctx: EvalContext) -> list:
         r = spec["range"]
         lo, hi = (eval_value(r[0], ctx), eval_value(r[1], ctx)) if isinstance(r, list) else \
             (eval_value(r["from"], ctx), eval_value(r["to"], ctx))
+        if not (isinstance(lo, int) and isinstance(hi, int)):
+            raise ValueExprError(f"range bounds must be integers, got {lo!r} and {hi!r}")
+        if hi - lo + 1 > MAX_DOMAIN_VALUES:
+            raise ValueExprError(f"range [{lo}, {hi}] has {hi - lo + 1} values, above the limit {MAX_DOMAIN_VALUES}")
         vals = list(range(lo, hi + 1))
     elif "permutations_of" in spec:
         items = eval_value(spec["permutations_of"], ctx)
         if isinstance(items, int):
+            if items > 9:
+                raise ValueExprError(f"permutations of {items} items exceed the limit {MAX_DOMAIN_VALUES}")
             items = tuple(range(items))
+        if math.factorial(len(tuple(items))) > MAX_DOMAIN_VALUES:
+            raise ValueExprError(f"permutations of {len(tuple(items))} items exceed the limit {MAX_DOMAIN_VALUES}")
         vals = permutations(tuple(items), bool(spec.get("exclude_identity", True)),
                             spec.get("keep_innermost_kinds", ()))
     else:

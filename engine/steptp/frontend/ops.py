@@ -919,7 +919,8 @@ def lower_dropout(ctx):
     ``p > 0`` it is random and raises (translate the model in eval mode). ``native_dropout``
     (functionalised graphs) also returns its all-true mask."""
     if ctx.args.get("train") and ctx.args.get("p", 0) != 0:
-        ctx.fail("dropout in training mode with p > 0 is random; put the model in eval() mode", "train")
+        ctx.fail("dropout in training mode with p > 0 is random; put the model in eval() mode "
+                 "(stp translate --eval, translate_file(eval_mode=True))", "train")
     x = ctx.tensor("input")
     if ctx.op == "native_dropout":
         return (x, Fill(True, "bool", x.shape))

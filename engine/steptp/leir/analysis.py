@@ -8,16 +8,24 @@ This module is the single place where LEIR semantics (design.md §2) are decided
   position, ``max(index) + 1`` over the enclosing loop ranges (interval arithmetic).
 * **Reduction axes.** For an equation whose target also appears on its right-hand side,
   every enclosing loop index absent from the target subscript is a reduction axis.
-* **Implicit initialisation.** A self-referencing equation ``X = X (+|-|*) ...``,
+* **Implicit initialisation.** A self-referencing equation ``X = X (+|-|*) ...`` (also a
+  longer chain ``X = X + a - b`` in which ``X`` occurs once with a plus sign),
   ``X = max(X, ...)`` / ``min(X, ...)`` (same subscript) whose buffer is neither a known
   input nor written by an earlier equation is initialised to the identity of its operator
   (sum/sub -> 0, prod -> 1, max -> -inf, min -> +inf) before accumulation. A buffer
   written earlier accumulates onto what is there (``D = D + bias`` after a matmul).
   Recurrences on a shifted index (``F_{tx,a} = f(F_{tx,a-1})`` under an ``if_then_else``
   guard) get no implicit init: the guard handles the boundary.
-* **Bounds.** Every unguarded read and every write must stay inside the tensor's shape;
-  reads under an ``if_then_else`` branch are only evaluated when selected (TVM's
-  ``if_then_else`` is lazy), so they are checked for their guard-free part only.
+* **Bounds.** Every unguarded read and every write must stay inside the tensor's shape.
+  Reads under an ``if_then_else`` branch are only evaluated when selected (TVM's
+  ``if_then_else`` is lazy), so they must stay inside wherever their guards select them:
+  decided exactly by enumerating small iteration spaces (index-only guards and subscripts),
+  else by interval arithmetic over the loop ranges the guards narrow, when that is exact;
+  other guarded reads are left to the verifier's run-time checks (isolated execution,
+  poisoned buffers).
+* **Reads after writes.** A read of an intermediate or output must follow a write of that
+  tensor in an earlier top-level nest or in the same one (recurrences); literal division by
+  zero is an error. Element-level coverage is checked at run time (:mod:`steptp.verify`).
 
 All functions raise :class:`LeirSemanticError` (a ``ValueError``) with the offending
 tensor/equation named.
@@ -31,6 +39,7 @@ from typing import Iterator
 
 from . import ast as A
 from .fileformat import Signature
+from .limits import MAX_ELEMENTS
 from .printer import format_assign, format_expr
 
 
@@ -126,11 +135,33 @@ def loop_vars(loops: tuple[A.Loop, ...]) -> dict[str, int]:
 Interval = tuple[float, float]
 
 
-def interval(e: A.Expr, ranges: dict[str, int], values: dict[str, Interval] | None = None) -> Interval:
+def interval(e: A.Expr, ranges: dict[str, int], values: dict[str, Interval] | None = None,
+             bounds: dict[str, Interval] | None = None) -> Interval:
     """Range ``[lo, hi]`` of an integer index expression when each loop index ``i`` takes
-    ``0 .. ranges[i]-1``. ``values`` gives value ranges of integer tensors used for
-    indirect indexing. Raises :class:`LeirSemanticError` for unknown indices."""
-    values = values or {}
+    ``0 .. ranges[i]-1`` (or ``bounds[i]`` when given: a range narrowed by a guard).
+    ``values`` gives value ranges of integer tensors used for indirect indexing. Bounds
+    beyond ``±2**62`` become infinite (no float overflow). Raises
+    :class:`LeirSemanticError` for unknown indices."""
+    lo, hi = _interval(e, ranges, values or {}, bounds or {})
+    return (_clamp(lo), _clamp(hi))
+
+
+_BIG = 2**62
+
+
+def _clamp(x):
+    if isinstance(x, int) and abs(x) > _BIG:
+        return math.inf if x > 0 else -math.inf
+    if isinstance(x, float) and math.isnan(x):
+        return math.inf
+    return x
+
+
+def _interval(e: A.Expr, ranges: dict[str, int], values: dict[str, Interval], bounds: dict[str, Interval]) -> Interval:
+    def interval(x, ranges, values):  # noqa: F811 - recursive calls keep the bounds and clamp
+        lo, hi = _interval(x, ranges, values, bounds)
+        return (_clamp(lo), _clamp(hi))
+
     if isinstance(e, A.Int):
         return (e.value, e.value)
     if isinstance(e, A.Float):
@@ -138,6 +169,8 @@ def interval(e: A.Expr, ranges: dict[str, int], values: dict[str, Interval] | No
     if isinstance(e, A.Index):
         if e.name not in ranges:
             raise LeirSemanticError(f"index '{e.name}' is not bound by an enclosing loop")
+        if e.name in bounds:
+            return bounds[e.name]
         return (0, ranges[e.name] - 1)
     if isinstance(e, A.Tensor):
         return values.get(e.name, (-math.inf, math.inf))
@@ -161,7 +194,7 @@ def interval(e: A.Expr, ranges: dict[str, int], values: dict[str, Interval] | No
         if e.op == "-":
             return (a[0] - b[1], a[1] - b[0])
         if e.op == "*":
-            cands = [x * y for x in a for y in b if not (math.isinf(x) or math.isinf(y)) or (x and y)]
+            cands = [_clamp(x * y) for x in a for y in b if not (math.isinf(x) or math.isinf(y)) or (x and y)]
             return (min(cands), max(cands)) if cands else (-math.inf, math.inf)
         if e.op == "//" and b[0] == b[1] and b[0] > 0:
             return (math.floor(a[0] / b[0]) if not math.isinf(a[0]) else a[0],
@@ -186,8 +219,9 @@ INIT_VALUES = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}
 def self_reference_kind(eq: A.Assign) -> str | None:
     """Operator of an accumulation ``X = X op ...`` on the identical subscript.
 
-    Returns ``"sum"`` (``X+..``, ``..+X``, ``X-..``), ``"prod"`` (``X*..``, ``..*X``),
-    ``"max"``/``"min"`` (``max(X,..)``, ``max(..,X)``) or ``None``.
+    Returns ``"sum"`` (``X+..``, ``..+X``, ``X-..``, and chains such as ``X+a+b`` or
+    ``a-b+X`` where ``X`` occurs once with a plus sign), ``"prod"`` (``X*..``, ``..*X``,
+    ``X*a*b``), ``"max"``/``"min"`` (``max(X,..)``, ``max(..,X)``) or ``None``.
     """
     t, v = eq.target, eq.value
     if isinstance(v, A.BinOp):
@@ -199,7 +233,29 @@ def self_reference_kind(eq: A.Assign) -> str | None:
             return "prod"
     if isinstance(v, A.Call) and v.func in ("max", "min") and t in v.args:
         return v.func
+    # a longer chain: X = X + a + b, X = a - b + X, X = X * a * b (X once, with a + sign)
+    for kind, terms in (("sum", _chain_terms(v, ("+", "-"))), ("prod", _chain_terms(v, ("*",)))):
+        if len(terms) > 2:
+            mine = [sign for term, sign in terms if term == t]
+            others = [term for term, _ in terms if term != t]
+            if mine == [1] and not any(isinstance(x, A.Tensor) and x.name == t.name
+                                       for o in others for x in A.walk(o)):
+                return kind
     return None
+
+
+def _chain_terms(e: A.Expr, ops: tuple[str, ...], sign: int = 1) -> list[tuple[A.Expr, int]]:
+    """Operands of a left- or right-nested chain of ``ops`` with their signs (``-`` flips
+    the sign of its right operand): ``X+a-b`` -> ``[(X,1), (a,1), (b,-1)]``."""
+    stack, out = [(e, sign)], []
+    while stack:
+        x, sg = stack.pop()
+        if isinstance(x, A.BinOp) and x.op in ops:
+            stack.append((x.rhs, -sg if x.op == "-" else sg))
+            stack.append((x.lhs, sg))
+        else:
+            out.append((x, sg))
+    return out
 
 
 def is_self_referencing(eq: A.Assign) -> bool:
@@ -271,6 +327,9 @@ def analyze(prog: A.Program, sig: Signature, check_bounds: bool = True) -> Progr
         if len(ranges) != len(inst.loops):
             raise LeirSemanticError(f"duplicate loop index in the loops enclosing '{inst.text}'")
         name = eq.target.name
+        for x in [*A.walk(eq.value), *[y for i in eq.target.indices for y in A.walk(i)]]:
+            if isinstance(x, A.BinOp) and x.op in ("/", "//", "%") and _literal_zero(x.rhs):
+                raise LeirSemanticError(f"division by zero '{format_expr(x)}' in '{inst.text}'")
         if name in known and not known[name].is_output:
             raise LeirSemanticError(f"equation '{inst.text}' writes input tensor {name}")
         for i in index_names(eq.value) | set().union(*[index_names(x) for x in eq.target.indices] or [set()]):
@@ -310,11 +369,22 @@ def analyze(prog: A.Program, sig: Signature, check_bounds: bool = True) -> Progr
         if name not in all_shapes:
             raise LeirSemanticError(f"tensor {name} is read but never written and not declared in the signature")
 
+    for n in intermediates:
+        if math.prod(all_shapes[n]) > MAX_ELEMENTS:
+            raise LeirSemanticError(f"intermediate {n} has shape {list(all_shapes[n])}: "
+                                    f"{math.prod(all_shapes[n])} elements exceed the limit {MAX_ELEMENTS}")
     info = ProgramInfo(sig, types, all_shapes, intermediates, sem, first_write)
     if check_bounds:
+        check_reads_after_writes(prog, sig)
         for s in sem:
             _check_access_bounds(s.inst, all_shapes, values)
     return info
+
+
+def _literal_zero(e: A.Expr) -> bool:
+    while isinstance(e, A.Neg):
+        e = e.operand
+    return isinstance(e, (A.Int, A.Float)) and e.value == 0
 
 
 def _guard_free_reads(e: A.Expr) -> Iterator[A.Tensor]:
@@ -346,8 +416,260 @@ def _check_access_bounds(inst: EqInstance, shapes: dict[str, tuple[int, ...]], v
                 raise LeirSemanticError(
                     f"out-of-bounds access '{format_expr(t)}' in '{inst.text}': dimension {d} ranges over "
                     f"[{int(lo)}, {int(hi)}] but {t.name} has extent {shape[d]}")
+    for t, guards in _guarded_reads(inst.eq.value, ()):
+        if guards:
+            _check_guarded_read(inst, t, guards, shapes, values)
+
+
+# ---------------------------------------------------------------------------
+# Reads under if_then_else guards (paper App. A.2 check 9: no out-of-bounds access)
+# ---------------------------------------------------------------------------
+
+#: Iteration spaces up to this many points are checked exactly by enumeration.
+ENUMERATION_LIMIT = 1 << 18
+
+Guard = tuple[A.Expr, bool]  # (condition, branch taken: True = then, False = else)
+
+
+def _guarded_reads(e: A.Expr, guards: tuple[Guard, ...]) -> Iterator[tuple[A.Tensor, tuple[Guard, ...]]]:
+    """Every tensor read of ``e`` with the ``if_then_else`` conditions under which it is
+    evaluated (TVM's ``if_then_else`` is lazy: only the selected branch is read)."""
+    stack = [(e, guards)]
+    while stack:
+        x, g = stack.pop()
+        if isinstance(x, A.Tensor):
+            yield x, g
+            stack.extend((i, g) for i in x.indices)
+        elif isinstance(x, A.Call) and x.func == "if_then_else":
+            c, a, b = x.args
+            stack.append((c, g))
+            stack.append((a, g + ((c, True),)))
+            stack.append((b, g + ((c, False),)))
+        else:
+            stack.extend((c, g) for c in A.children(x))
+
+
+def _index_only(e: A.Expr) -> bool:
+    return all(isinstance(x, (A.Int, A.Index, A.BinOp, A.Neg, A.Compare, A.BoolOp, A.Not))
+               or (isinstance(x, A.Call) and x.func in ("max", "min", "if_then_else"))
+               for x in A.walk(e)) and not any(isinstance(x, A.BinOp) and x.op in ("/", "**") for x in A.walk(e))
+
+
+def _eval_index(e: A.Expr, env: dict):
+    """Vectorised value of an index-only expression over a numpy grid (int64 / bool)."""
+    import numpy as np
+
+    if isinstance(e, A.Int):
+        return np.int64(e.value)
+    if isinstance(e, A.Index):
+        return env[e.name]
+    if isinstance(e, A.Neg):
+        return -_eval_index(e.operand, env)
+    if isinstance(e, A.Not):
+        return ~np.asarray(_eval_index(e.operand, env), dtype=bool)
+    if isinstance(e, A.BoolOp):
+        a = np.asarray(_eval_index(e.lhs, env), dtype=bool)
+        b = np.asarray(_eval_index(e.rhs, env), dtype=bool)
+        return (a & b) if e.op == "and" else (a | b)
+    if isinstance(e, A.Compare):
+        a, b = _eval_index(e.lhs, env), _eval_index(e.rhs, env)
+        return {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+                "==": np.equal, "!=": np.not_equal}[e.op](a, b)
+    if isinstance(e, A.Call):
+        args = [_eval_index(a, env) for a in e.args]
+        if e.func == "max":
+            return np.maximum(*args)
+        if e.func == "min":
+            return np.minimum(*args)
+        return np.where(np.asarray(args[0], dtype=bool), args[1], args[2])
+    if isinstance(e, A.BinOp):
+        a, b = _eval_index(e.lhs, env), _eval_index(e.rhs, env)
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*":
+            return a * b
+        if np.any(np.asarray(b) == 0):
+            raise ZeroDivisionError
+        return np.floor_divide(a, b) if e.op == "//" else np.mod(a, b)
+    raise TypeError(type(e).__name__)
+
+
+def _guard_bounds(guards: tuple[Guard, ...], ranges: dict[str, int]) -> tuple[dict[str, Interval], bool]:
+    """Index ranges narrowed by the guards' single-index comparisons (``a-1<0``,
+    ``tx>=1``, ``a+2<n``...), and whether every guard was fully understood that way."""
+    bounds: dict[str, Interval] = {k: (0, v - 1) for k, v in ranges.items()}
+    exact = True
+    facts: list[tuple[A.Expr, str, int]] = []
+
+    def collect(c: A.Expr, truth: bool) -> bool:
+        if isinstance(c, A.Not):
+            return collect(c.operand, not truth)
+        if isinstance(c, A.BoolOp):
+            if (c.op == "and") == truth:
+                return collect(c.lhs, truth) & collect(c.rhs, truth)
+            return False
+        if isinstance(c, A.Compare):
+            op = c.op if truth else {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}[c.op]
+            lhs, rhs = c.lhs, c.rhs
+            if not index_names(rhs) and index_names(lhs):
+                pass
+            elif not index_names(lhs) and index_names(rhs):
+                lhs, rhs = rhs, lhs
+                op = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}[op]
+            else:
+                return False
+            if not (_index_only(lhs) and _index_only(rhs)) or op == "!=":
+                return False
+            try:
+                lo, hi = interval(rhs, ranges)
+            except LeirSemanticError:
+                return False
+            if lo != hi or math.isinf(lo):
+                return False
+            facts.append((lhs, op, int(lo)))
+            return True
+        return False
+
+    for cond, truth in guards:
+        exact &= collect(cond, truth)
+    for lhs, op, k in facts:
+        var, off = _single_index(lhs)
+        if var is None:
+            exact = False
+            continue
+        lo, hi = bounds[var]
+        c = k - off
+        if op == "<":
+            hi = min(hi, c - 1)
+        elif op == "<=":
+            hi = min(hi, c)
+        elif op == ">":
+            lo = max(lo, c + 1)
+        elif op == ">=":
+            lo = max(lo, c)
+        else:  # ==
+            lo, hi = max(lo, c), min(hi, c)
+        bounds[var] = (lo, hi)
+    return bounds, exact
+
+
+def _single_index(e: A.Expr) -> tuple[str | None, int]:
+    """``i``, ``i+k``, ``k+i``, ``i-k`` -> (``i``, offset); anything else -> (None, 0)."""
+    if isinstance(e, A.Index):
+        return e.name, 0
+    if isinstance(e, A.BinOp) and e.op in ("+", "-"):
+        if isinstance(e.lhs, A.Index) and isinstance(e.rhs, A.Int):
+            return e.lhs.name, e.rhs.value if e.op == "+" else -e.rhs.value
+        if e.op == "+" and isinstance(e.rhs, A.Index) and isinstance(e.lhs, A.Int):
+            return e.rhs.name, e.lhs.value
+    return None, 0
+
+
+def _linear_once(e: A.Expr) -> bool:
+    """Each loop index occurs at most once, only under ``+ - *constant`` and unary minus
+    (then interval arithmetic is exact: the bounds are attained)."""
+    names = [x.name for x in A.walk(e) if isinstance(x, A.Index)]
+    if len(names) != len(set(names)):
+        return False
+    for x in A.walk(e):
+        if isinstance(x, (A.Int, A.Index, A.Neg)):
+            continue
+        if isinstance(x, A.BinOp) and (x.op in ("+", "-") or (x.op == "*" and (not index_names(x.lhs)
+                                                                               or not index_names(x.rhs)))):
+            continue
+        return False
+    return True
+
+
+def _check_guarded_read(inst: EqInstance, t: A.Tensor, guards: tuple[Guard, ...],
+                        shapes: dict[str, tuple[int, ...]], values) -> None:
+    """A read under ``if_then_else`` guards must stay in bounds wherever the guards select
+    it. Decided exactly by enumeration (index-only guards and subscripts, iteration space
+    up to :data:`ENUMERATION_LIMIT` points) or by interval arithmetic over the ranges the
+    guards narrow (when that is exact); otherwise left to the run-time checks of
+    :mod:`steptp.verify` (isolated execution, poisoned buffers)."""
+    shape = shapes[t.name]
+    if len(t.indices) != len(shape):
+        raise LeirSemanticError(
+            f"tensor {t.name} has rank {len(shape)} but is accessed as '{format_expr(t)}' in '{inst.text}'")
+    ranges = loop_vars(inst.loops)
+    conds = [c for c, _ in guards]
+    where = " and ".join(f"{'' if b else 'not '}({format_expr(c)})" for c, b in guards)
+
+    def fail(d: int, detail: str):
+        raise LeirSemanticError(
+            f"out-of-bounds read '{format_expr(t)}' in '{inst.text}' where {where}: dimension {d} {detail} "
+            f"but {t.name} has extent {shape[d]}")
+
+    used = sorted(set().union(*[index_names(x) for x in [*conds, *t.indices]]))
+    space = math.prod(ranges[u] for u in used) if used else 1
+    if all(_index_only(x) for x in [*conds, *t.indices]) and space <= ENUMERATION_LIMIT:
+        import numpy as np
+
+        grids = np.meshgrid(*[np.arange(ranges[u], dtype=np.int64) for u in used], indexing="ij") if used else []
+        env = dict(zip(used, grids))
+        failure = None
+        try:
+            sel = np.ones(grids[0].shape if used else (), dtype=bool)
+            for c, b in guards:
+                v = np.broadcast_to(np.asarray(_eval_index(c, env), dtype=bool), sel.shape)
+                sel = sel & (v if b else ~v)
+            for d, idx in enumerate(t.indices):
+                v = np.broadcast_to(np.asarray(_eval_index(idx, env)), sel.shape)
+                bad = sel & ((v < 0) | (v > shape[d] - 1))
+                if bad.any():
+                    pos = tuple(int(g[bad][0]) for g in grids)
+                    point = ", ".join(f"{u}={p}" for u, p in zip(used, pos))
+                    failure = (d, f"reaches {int(v[bad][0])} at {point}")
+                    break
+        except (ZeroDivisionError, OverflowError, TypeError, ValueError):
+            failure = "unknown"  # fall through to interval reasoning
+        if failure is None:
+            return
+        if failure != "unknown":
+            fail(*failure)
+    bounds, exact = _guard_bounds(guards, ranges)
+    if any(lo > hi for lo, hi in bounds.values()):
+        return  # the guards never select this branch
+    for d, idx in enumerate(t.indices):
+        try:
+            lo, hi = interval(idx, ranges, values, bounds)
+        except LeirSemanticError:
+            return
+        if math.isinf(lo) or math.isinf(hi):
+            continue
+        if (lo < 0 or hi > shape[d] - 1) and exact and _linear_once(idx):
+            fail(d, f"ranges over [{int(lo)}, {int(hi)}]")
+
+
+# ---------------------------------------------------------------------------
+# Reads of buffers nothing has written yet
+# ---------------------------------------------------------------------------
+
+
+def check_reads_after_writes(prog: A.Program, sig: Signature) -> None:
+    """Every read of an intermediate or output tensor must follow a write of it: some
+    equation of an earlier top-level nest or of the same top-level nest (a recurrence
+    reads what earlier iterations wrote) writes that tensor. Raises
+    :class:`LeirSemanticError` naming the read and the equation. Element-level coverage
+    (partly written buffers) is checked at run time with poisoned buffers
+    (:mod:`steptp.verify`)."""
+    readable = {t.name for t in sig.tensors if not t.is_output}
+    written: set[str] = set()
+    for n, nest in enumerate(prog.nests):
+        here = nest_writes(nest)
+        for loops, eq in nest.equations():
+            for name in sorted(reads(eq)):
+                if name in readable or name in written or name in here:
+                    continue
+                raise LeirSemanticError(f"'{format_assign(eq)}' reads {name}, which no earlier equation writes "
+                                        f"(an uninitialised read)")
+        written |= here
 
 
 __all__ = ["LeirSemanticError", "EqInstance", "equation_instances", "tensor_refs", "index_names", "reads",
            "nest_reads", "nest_writes", "tensor_types", "interval", "INIT_VALUES", "self_reference_kind",
-           "is_self_referencing", "reduction_axes", "EqSemantics", "ProgramInfo", "analyze"]
+           "is_self_referencing", "reduction_axes", "EqSemantics", "ProgramInfo", "analyze", "check_reads_after_writes",
+           "ENUMERATION_LIMIT"]

@@ -18,11 +18,13 @@ inferred from its index ranges. Other ``%`` lines are free comments.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import ast as A
+from .limits import MAX_ELEMENTS, MAX_EXTENT, MAX_SOURCE_CHARS
 from .parser import LeirSyntaxError, parse_program
 from .printer import format_program
 
@@ -92,12 +94,40 @@ _DECL_RE = re.compile(
     r"(?P<dtype>[a-z0-9]+)\s*\[(?P<shape>[\d,\s]*)\]\s*$")
 
 
+def _shape(shape_txt: str, source: str, lineno: int, col: int, line: str) -> tuple[int, ...]:
+    """Dimensions of a header shape ``d0,d1,...`` (empty: a scalar). Each must be a positive
+    integer up to :data:`~steptp.leir.limits.MAX_EXTENT`, their product up to
+    :data:`~steptp.leir.limits.MAX_ELEMENTS`; raises :class:`LeirSyntaxError` otherwise."""
+    if not shape_txt.strip():
+        return ()
+    dims = []
+    offset = 0
+    for part in shape_txt.split(","):
+        c = col + offset + (len(part) - len(part.lstrip()))
+        offset += len(part) + 1
+        p = part.strip()
+        if not p:
+            raise LeirSyntaxError("empty tensor dimension", source, lineno, c, ["a positive integer"], f"  {line}")
+        if len(p.lstrip("0")) > len(str(MAX_EXTENT)) or int(p) > MAX_EXTENT:
+            raise LeirSyntaxError(f"tensor dimension {p[:24]} exceeds the limit {MAX_EXTENT}", source, lineno, c,
+                                  None, f"  {line}")
+        if int(p) <= 0:
+            raise LeirSyntaxError("tensor dimensions must be positive", source, lineno, c, None, f"  {line}")
+        dims.append(int(p))
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise LeirSyntaxError(f"tensor of {math.prod(dims)} elements exceeds the limit {MAX_ELEMENTS}", source,
+                              lineno, col, None, f"  {line}")
+    return tuple(dims)
+
+
 def parse_leir(text: str, source: str = "<string>") -> LeirModule:
     """Parse ``.leir`` text (header + program).
 
     Raises :class:`LeirSyntaxError` (with source, line, column) for a malformed header
     line or program, a dtype code that does not exist, or a duplicated tensor.
     """
+    if len(text) > MAX_SOURCE_CHARS:
+        raise LeirSyntaxError(f"file of {len(text)} characters exceeds the limit {MAX_SOURCE_CHARS}", source, 1, 1)
     name = None
     decls: list[TensorDecl] = []
     body_lines: list[str] = []
@@ -120,10 +150,7 @@ def parse_leir(text: str, source: str = "<string>") -> LeirModule:
             if m.group("dtype") not in A.DTYPES:
                 raise LeirSyntaxError(f"unknown dtype {m.group('dtype')!r}", source, lineno,
                                       line.index(m.group("dtype")) + 1, sorted(A.DTYPES), f"  {line}")
-            shape_txt = m.group("shape").strip()
-            shape = tuple(int(x) for x in shape_txt.split(",")) if shape_txt else ()
-            if any(s <= 0 for s in shape):
-                raise LeirSyntaxError("tensor dimensions must be positive", source, lineno, col, None, f"  {line}")
+            shape = _shape(m.group("shape"), source, lineno, line.index("[") + 2, line)
             if any(d.name == m.group("name") for d in decls):
                 raise LeirSyntaxError(f"tensor {m.group('name')} declared twice", source, lineno, col, None,
                                       f"  {line}")
@@ -142,7 +169,11 @@ def format_leir(module: LeirModule) -> str:
 def load_leir(path: str | Path) -> LeirModule:
     """Read and parse a ``.leir`` file; errors name the file, line and column."""
     p = Path(path)
-    return parse_leir(p.read_text(), str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise LeirSyntaxError(f"not a UTF-8 text file (byte {e.start})", str(p), 1, 1) from None
+    return parse_leir(text, str(p))
 
 
 def save_leir(module: LeirModule, path: str | Path) -> None:

@@ -12,10 +12,11 @@ import math
 from functools import lru_cache
 from importlib import resources
 
-from lark import Lark, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from . import ast as A
+from .limits import MAX_EXPR_DEPTH, MAX_EXTENT, MAX_INT, MAX_NEST_DEPTH, MAX_SOURCE_CHARS
 
 _TERMINAL_TEXT = {
     "LOOPKIND": "a loop kind (L, P, V, U, B)",
@@ -135,14 +136,17 @@ class _ToAst(Transformer):
 
     @staticmethod
     def _loop(kind, extent, var, start):
-        if int(start) != 0:
+        if _int_value(start) != 0:
             raise _SemanticError("loop lower bound must be 0", start)
         if kind == "B" and not (len(var) >= 2 and var[0] in "tb" and var[1] in "xyz"):
             raise _SemanticError(
                 f"bound loop index '{var}' must start with tx/ty/tz (threadIdx) or bx/by/bz (blockIdx)", var)
-        if int(extent) <= 0:
+        n = _int_value(extent)
+        if n <= 0:
             raise _SemanticError("loop extent must be positive", extent)
-        return A.Loop(str(kind), int(extent), str(var))
+        if n > MAX_EXTENT:
+            raise _SemanticError(f"loop extent {n} exceeds the limit {MAX_EXTENT} (int32 loop variables)", extent)
+        return A.Loop(str(kind), n, str(var))
 
     def item(self, x):
         return x
@@ -196,7 +200,7 @@ class _ToAst(Transformer):
         return A.Not(a)
 
     def int(self, t):
-        return A.Int(int(t))
+        return A.Int(_int_value(t))
 
     def float(self, t):
         return A.Float(float(t))
@@ -222,6 +226,53 @@ class _SemanticError(Exception):
         self.token = token
 
 
+def _int_value(tok) -> int:
+    """Value of an INT token, refusing literals above :data:`~steptp.leir.limits.MAX_INT`
+    (checked on the digit count first, so ``int()`` never sees thousands of digits)."""
+    digits = str(tok).lstrip("0") or "0"
+    if len(digits) > len(str(MAX_INT)) or int(digits) > MAX_INT:
+        shown = digits if len(digits) <= 24 else f"{digits[:12]}...({len(digits)} digits)"
+        raise _SemanticError(f"integer literal {shown} exceeds the limit {MAX_INT}", tok)
+    return int(digits)
+
+
+def _first_token(tree):
+    """The first token under ``tree`` (iterative), or None."""
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Token):
+            return x
+        if isinstance(x, Tree):
+            stack.extend(reversed([c for c in x.children if c is not None]))
+    return None
+
+
+def _check_depth(tree) -> None:
+    """Refuse trees nested deeper than the limits (iterative walk: no recursion here).
+
+    Expression depth counts every tree level inside an equation; nest depth counts nests
+    inside nests (the correction form included). Raises :class:`_SemanticError` at the
+    first token of the offending subtree."""
+    stack = [(tree, 0, 0)]
+    while stack:
+        node, nests, expr = stack.pop()
+        if not isinstance(node, Tree):
+            continue
+        if node.data == "nest":
+            nests += 1
+            if nests > MAX_NEST_DEPTH:
+                raise _SemanticError(f"nests are nested more than {MAX_NEST_DEPTH} levels deep", _first_token(node))
+        elif node.data in ("equation",) or expr:
+            expr += 1
+            if expr > MAX_EXPR_DEPTH:
+                raise _SemanticError(f"expression nested more than {MAX_EXPR_DEPTH} levels deep",
+                                     _first_token(node))
+        for c in node.children:
+            if isinstance(c, Tree):
+                stack.append((c, nests, expr))
+
+
 def _context(text: str, line: int, column: int) -> str:
     lines = text.splitlines() or [""]
     src = lines[line - 1] if 0 < line <= len(lines) else ""
@@ -241,9 +292,18 @@ def parse_program(text: str, source: str = "<string>") -> A.Program:
     tokens on malformed input (also for semantic slips: loop start != 0, bad bound-loop
     names, wrong function arity).
     """
+    if len(text) > MAX_SOURCE_CHARS:
+        raise LeirSyntaxError(f"program text of {len(text)} characters exceeds the limit {MAX_SOURCE_CHARS}",
+                              source, 1, 1)
     try:
         tree = _lark().parse(text)
+        _check_depth(tree)
         return _ToAst().transform(tree)
+    except _SemanticError as e:
+        tok = e.token
+        line = getattr(tok, "line", 1) or 1
+        col = getattr(tok, "column", 1) or 1
+        raise LeirSyntaxError(e.message, source, line, col, None, _context(text, line, col)) from None
     except UnexpectedEOF as e:
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1

@@ -163,19 +163,57 @@ def _semantic_checks(rule: Rule, data: dict, source: str, stem: str | None) -> N
                                                     f"{rule.score:g} gives {rule.level!r}")
     if rule.inverse == rule.id:
         raise RuleError(source, "inverse", "a rule cannot be its own inverse")
+    from ..engine.primitives import MAX_DOMAIN_VALUES
+
+    for pname, spec in rule.params.items():
+        r = spec.get("range") if isinstance(spec, dict) else None
+        lo, hi = (r[0], r[1]) if isinstance(r, list) and len(r) == 2 else \
+            (r.get("from"), r.get("to")) if isinstance(r, dict) else (None, None)
+        if isinstance(lo, int) and isinstance(hi, int) and hi - lo + 1 > MAX_DOMAIN_VALUES:
+            raise RuleError(source, f"params.{pname}.range", f"[{lo}, {hi}] has {hi - lo + 1} values, above the "
+                                                            f"limit {MAX_DOMAIN_VALUES}")
     from ..engine.apply import check_rule  # late import: engine depends on this module
 
     check_rule(rule, source)
 
 
+#: Largest rule file accepted (characters).
+MAX_RULE_CHARS = 1_000_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate mapping keys (YAML 1.2 requires unique
+    keys; PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_rule_text(text: str, source: str = "<string>", path: str | None = None) -> Rule:
     """Parse and validate rule YAML text (``source`` names it in errors)."""
+    if len(text) > MAX_RULE_CHARS:
+        raise RuleError(source, "", f"rule file of {len(text)} characters exceeds the limit {MAX_RULE_CHARS}")
+    if "\x00" in text:
+        raise RuleError(source, "", "not a text file (contains NUL bytes)")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise RuleError(source, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    except RecursionError:
+        raise RuleError(source, "", "YAML nested too deeply") from None
     validate_rule_data(data, source)
     rule = _build(data, source, path)
     _semantic_checks(rule, data, source, Path(path).stem if path else None)
@@ -194,7 +232,11 @@ def load_rule(path: str | os.PathLike) -> Rule:
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    rule = load_rule_text(p.read_text(), display_path(p), str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RuleError(display_path(p), "", f"not a UTF-8 text file (byte {e.start})") from None
+    rule = load_rule_text(text, display_path(p), str(p))
     if len(_CACHE) > 256:
         _CACHE.clear()
     _CACHE[key] = rule
