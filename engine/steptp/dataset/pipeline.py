@@ -85,7 +85,7 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     sources = discover(inputs)
     out = Path(outdir)
     try:
-        return _generate(sources, out, opts, policy, workers, progress, on_result)
+        return _generate(sources, out, opts, policy, workers, progress, on_result, use_ray, ray_address)
     except ResumeError as e:
         raise DatasetError(f"{e}; the output directory was left unchanged (use another -o or fix the file)") from None
     except OSError as e:
@@ -93,7 +93,7 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
 
 
 def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: int, progress: bool,
-              on_result) -> dict:
+              on_result, use_ray: bool = False, ray_address: str | None = None) -> dict:
     if out.exists() and not out.is_dir():
         raise DatasetError(f"{out}: exists and is not a directory")
     run_file = out / "run.json"
