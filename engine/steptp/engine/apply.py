@@ -31,7 +31,7 @@ from . import patterns as P
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
 from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
                          eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
-                         parse_template, parse_value, program_names, run_primitive, value_vars)
+                         parse_template, parse_value, program_names, run_primitive, split_as, value_vars)
 
 
 class NoMatch(LookupError):
@@ -379,6 +379,7 @@ def check_rule(rule, source: str | None = None) -> None:
         if spec is None:
             _raise(src, fld, f"unknown primitive {prim!r}; known: {', '.join(sorted(PRIMITIVES))}")
         try:
+            raw, as_name = split_as(raw)
             args = normalize_args(spec, raw)
         except RewriteError as e:
             _raise(src, fld, str(e))
@@ -403,6 +404,15 @@ def check_rule(rule, source: str | None = None) -> None:
                         continue
                     if prim == "replace_all" and a == "with":
                         used -= set(P.metavars(parse_template("expr", args["pattern"])))
+                elif kind == "pattern":        # a match pattern: its metavariables bind, not use
+                    parse_template("expr", v)
+                    continue
+                elif kind == "with":           # a template that may use the pattern's metavariables
+                    used = _template_vars("expr", v) - set(P.metavars(parse_template("expr", args["pattern"])))
+                elif kind == "item":           # an equation or nest template
+                    from .structural import parse_item_template
+
+                    used = set(P.metavars(parse_item_template(v)))
                 else:
                     vals = v if isinstance(v, list) else [v]
                     used = set()
@@ -414,6 +424,10 @@ def check_rule(rule, source: str | None = None) -> None:
             free = {u for u in used if not u.startswith("_")} - bound
             if free:
                 _raise(src, afld, f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+        if as_name is not None:
+            if as_name in bound:
+                _raise(src, f"{fld}.as", f"?{as_name} is already bound")
+            bound.add(as_name)
     from ..cot import check_template
 
     try:

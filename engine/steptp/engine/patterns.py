@@ -344,9 +344,28 @@ class _Parser:
 
     def loops(self) -> tuple:
         out = []
-        while self.at_loop():
-            out.append(self.loop())
+        while self.at_loop() or self.at_loop_splice():
+            if self.at_loop_splice():
+                out.append(PVar(self.next().text[1:]))   # ?L: a whole loop list (spliced)
+            else:
+                out.append(self.loop())
         return tuple(out)
+
+    def at_loop_splice(self) -> bool:
+        """True at ``?L`` standing for a list of loops: a metavariable followed by ``[``,
+        another loop or the end of a loops template (see :func:`instantiate`)."""
+        t = self.peek()
+        if t.kind != "mvar" or self.at("^", 1) or self.at("_", 1):
+            return False
+        nxt = self.peek(1)
+        if nxt.kind == "eof" or self.at("[", 1):
+            return True
+        save = self.k
+        self.k += 1
+        try:
+            return self.at_loop()
+        finally:
+            self.k = save
 
     def equation(self):
         target = self.atom()
@@ -360,13 +379,13 @@ class _Parser:
         self.expect("[")
         body = []
         while not self.at("]"):
-            if self.at_loop() or (self.at("[")):
+            if self.at_loop() or self.at("[") or self.at_loop_splice():
                 body.append(self.nest())
             else:
                 body.append(self.equation())
                 self.expect(";")
         self.expect("]")
-        if self.at_loop():  # correction form LOOPS1[..]LOOPS2[..];
+        if self.at_loop() or self.at_loop_splice():  # correction form LOOPS1[..]LOOPS2[..];
             body.append(self.nest())
             return A.Nest(loops, tuple(body))
         self.expect(";")
@@ -680,7 +699,7 @@ def instantiate(p, env: dict):
             raise TemplateError(f"tensor {name} in a template needs an explicit ^{{dtype,scope}}")
         dt = _as_str(_lookup(env, p.dtype), "a dtype") if isinstance(p.dtype, PVar) else p.dtype
         sc = _as_str(_lookup(env, p.scope), "a scope") if isinstance(p.scope, PVar) else p.scope
-        return A.Tensor(name, dt, sc, tuple(instantiate(i, env) for i in p.indices))
+        return A.Tensor(name, dt, sc, _instantiate_indices(p.indices, env))
     if isinstance(p, A.Loop):
         kind = _as_str(_lookup(env, p.kind), "a loop kind") if isinstance(p.kind, PVar) else p.kind
         var = _as_str(_lookup(env, p.var), "a loop index") if isinstance(p.var, PVar) else p.var
@@ -696,13 +715,61 @@ def instantiate(p, env: dict):
             raise TemplateError("an equation target must be a tensor")
         return A.Assign(t, instantiate(p.value, env))
     if isinstance(p, A.Nest):
-        return A.Nest(tuple(instantiate(l, env) for l in p.loops), tuple(instantiate(b, env) for b in p.body))
+        return A.Nest(_instantiate_loops(p.loops, env), tuple(instantiate(b, env) for b in p.body))
     if isinstance(p, tuple):
+        if any(isinstance(x, A.Loop) for x in p) or (p and all(isinstance(x, PVar) for x in p)
+                                                     and all(_is_loop_list(env.get(x.name)) for x in p)):
+            return _instantiate_loops(p, env)
         return tuple(instantiate(x, env) for x in p)
     kids = A.children(p)
     if kids:
         return A.rebuild(p, tuple(instantiate(c, env) for c in kids))
     return p
+
+
+def _is_loop_list(v) -> bool:
+    return isinstance(v, tuple) and all(isinstance(x, A.Loop) for x in v)
+
+
+def _instantiate_loops(loops, env: dict) -> tuple:
+    """Instantiate a loop list; a metavariable bound to a tuple of loops (e.g. ``let: L:
+    "loops_of(?N)"``) is spliced in place (``?L[...]`` copies a nest's loops)."""
+    out: list = []
+    for l in loops:
+        if isinstance(l, PVar):
+            v = _lookup(env, l)
+            if isinstance(v, A.Loop):
+                out.append(v)
+            elif _is_loop_list(v):
+                out.extend(v)
+            else:
+                raise TemplateError(f"?{l.name} in a loop position must be a loop list, got {v!r}")
+        else:
+            out.append(instantiate(l, env))
+    return tuple(out)
+
+
+def _instantiate_indices(indices, env: dict) -> tuple:
+    """Instantiate a subscript list; a metavariable bound to a tuple is spliced: a
+    subscript list (``TL`` binding from ``reads_at``/``writes_at``) gives its entries, a
+    loop list gives the loop indices (``X_{?L}`` with ``?L = loops_of(?N)`` is indexed by
+    every loop of the nest)."""
+    out: list = []
+    for i in indices:
+        if isinstance(i, PVar) and isinstance(env.get(i.name), tuple):
+            for x in env[i.name]:
+                out.append(A.Index(x.var) if isinstance(x, A.Loop) else value_to_expr(x))
+        else:
+            out.append(instantiate(i, env))
+    return tuple(out)
+
+
+def spliced_indices(indices, env: dict):
+    """The subscript a pattern's index list stands for when it is one metavariable bound
+    to a tuple (a whole subscript list), else ``None``."""
+    if len(indices) == 1 and isinstance(indices[0], PVar) and isinstance(env.get(indices[0].name), tuple):
+        return _instantiate_indices(indices, env)
+    return None
 
 
 # ---------------------------------------------------------------------------
@@ -747,6 +814,9 @@ def _match(p, n, env, sorts) -> bool:
                     return False
             elif a != b:
                 return False
+        whole = spliced_indices(p.indices, env)
+        if whole is not None:          # _{?l} with ?l bound to a whole subscript list
+            return whole == n.indices
         if len(p.indices) != len(n.indices):
             return False
         return all(_match(a, b, env, sorts) for a, b in zip(p.indices, n.indices))
@@ -779,5 +849,5 @@ __all__ = [
     "parse_expr_pattern", "parse_loops_pattern", "parse_equation_pattern", "parse_nest_pattern",
     "TERM", "STRING", "INT", "metavar_sorts", "metavars", "iter_nodes",
     "sx_str", "float_key", "qvar", "to_sexp", "loop_sexp", "list_sexp",
-    "value_to_expr", "eval_int", "instantiate", "match_node",
+    "value_to_expr", "eval_int", "instantiate", "match_node", "spliced_indices",
 ]
