@@ -275,6 +275,10 @@ ANALYSIS = (
 (rule ((before n m) (reads m x)) ((read_later n x)) :ruleset a1)
 (relation write_after_read (i64 i64))  ; siblings: the later nest writes a tensor the earlier one reads
 (rule ((before n1 n2) (reads n1 x) (writes n2 x)) ((write_after_read n1 n2)) :ruleset a1)
+(relation compound (Term))             ; a value subterm that is an operation (not a leaf) reading some tensor
+(rule ((val_sub e t) (= t (BIN o a b)) (mentions t x)) ((compound t)) :ruleset a1)
+(rule ((val_sub e t) (= t (CALL f l)) (mentions t x)) ((compound t)) :ruleset a1)
+(rule ((val_sub e t) (= t (NEG a)) (mentions t x)) ((compound t)) :ruleset a1)
 (relation clobbers (i64 Term))         ; nest writes a tensor that a value subterm of one of its equations reads
 (rule ((eq_in e n) (val_sub e t) (mentions t x) (writes n x)) ((clobbers n t)) :ruleset a1)
 
@@ -373,6 +377,7 @@ RELATIONS: dict[str, RelSig] = {
     "eq_mixed": RelSig(("Eq", "String"), doc="the equation accesses the tensor at two different subscripts"),
     "read_later": RelSig(("Nest", "String"), doc="a later sibling nest reads the tensor"),
     "write_after_read": RelSig(("Nest", "Nest"), doc="siblings: the later one writes a tensor the earlier one reads"),
+    "compound": RelSig(("Term",), doc="a value subterm that is an operation (not a leaf) reading some tensor"),
     "clobbers": RelSig(("Nest", "Term"), doc="the nest writes a tensor read by a value subterm of one of its equations"),
     "item_dep": RelSig(("Nest", "Int", "Int"),
                        doc="two body items of a nest that must stay interleaved (cf. fuse_conflict)"),
