@@ -269,6 +269,8 @@ ANALYSIS = (
 (rule ((body_cut n k) (> k 1)) ((body_cut n (- k 1))) :ruleset a1)
 (relation other_writer (i64 String))   ; equation writes x and another equation writes x too
 (rule ((writes_at e x l) (writes_at e2 x l2) (!= e e2)) ((other_writer e x)) :ruleset a1)
+(relation writes_other (i64 i64 String)) ; nest, equation in it, tensor another equation of the nest writes
+(rule ((eq_in e n) (eq_in e2 n) (writes_at e2 x l) (!= e e2)) ((writes_other n e x)) :ruleset a1)
 (relation eq_mixed (i64 String))       ; equation accesses x at two different subscripts
 (rule ((accessed_at x e l1) (accessed_at x e l2) (!= l1 l2)) ((eq_mixed e x)) :ruleset a1)
 (relation read_later (i64 String))     ; a later sibling of the nest reads x
@@ -374,6 +376,8 @@ RELATIONS: dict[str, RelSig] = {
     "item_eq": RelSig(("Nest", "Int", "Eq"), doc="nest, body position, equation that is (or is inside) that item"),
     "body_cut": RelSig(("Nest", "Int"), doc="nest, k with 0 < k < item_count: its body can be cut before item k"),
     "other_writer": RelSig(("Eq", "String"), doc="the equation writes the tensor and another equation does too"),
+    "writes_other": RelSig(("Nest", "Eq", "String"), doc="nest, an equation in it, a tensor another equation of the "
+                                                          "nest writes"),
     "eq_mixed": RelSig(("Eq", "String"), doc="the equation accesses the tensor at two different subscripts"),
     "read_later": RelSig(("Nest", "String"), doc="a later sibling nest reads the tensor"),
     "write_after_read": RelSig(("Nest", "Nest"), doc="siblings: the later one writes a tensor the earlier one reads"),

@@ -1061,9 +1061,18 @@ def prim_replace_all(ctx: RewriteContext, pattern, nest=None, **kw):
     ctx.changes.append(Change("replace_all", pattern, template, "", {"occurrences": count}))
 
 
+def split_when(raw_args):
+    """``(args without 'when', condition or None)``: ``when: "?dir == read"`` runs the step
+    only when the value expression is true (one rule, several rewrite variants)."""
+    if isinstance(raw_args, dict) and "when" in raw_args:
+        return {k: v for k, v in raw_args.items() if k != "when"}, raw_args["when"]
+    return raw_args, None
+
+
 def split_as(raw_args):
     """``(args without 'as', name or None)``: ``as: name`` (or ``?name``) on a creating step
     names the nest/equation it creates, for later steps of the same rule."""
+    raw_args, _ = split_when(raw_args)
     if isinstance(raw_args, dict) and "as" in raw_args:
         rest = {k: v for k, v in raw_args.items() if k != "as"}
         name = raw_args["as"]
@@ -1079,6 +1088,9 @@ def run_primitive(ctx: RewriteContext, name: str, raw_args) -> None:
     spec = PRIMITIVES.get(name)
     if spec is None:
         raise RewriteError(f"unknown rewrite primitive {name!r}; known: {sorted(PRIMITIVES)}")
+    raw_args, when = split_when(raw_args)
+    if when is not None and not ctx.value(when):
+        return
     raw_args, as_name = split_as(raw_args)
     args = normalize_args(spec, raw_args)
     ctx.last_created = None
@@ -1097,7 +1109,7 @@ __all__ = [
     "fresh_index_name", "fresh_tensor_name", "EvalContext", "VALUE_FUNCTIONS", "parse_value", "value_vars",
     "is_expression", "eval_value", "eval_let", "divisors", "permutations", "DOMAINS", "DOMAIN_MODIFIERS",
     "domain_values", "Change", "RewriteContext", "PrimitiveSpec", "PRIMITIVES", "primitive", "normalize_args",
-    "parse_template", "run_primitive", "split_as", "CreatedRef",
+    "parse_template", "run_primitive", "split_as", "split_when", "CreatedRef",
 ]
 
 from . import structural  # noqa: E402,F401  (registers the structural primitives)

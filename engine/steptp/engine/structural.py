@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..leir import ast as A
 from ..leir.printer import format_assign, format_expr, format_nest
 from . import patterns as P
-from .primitives import (Change, CreatedRef, EqRef, NestRef, RewriteContext, RewriteError, _instantiate, get_item,
+from .primitives import (VALUE_FUNCTIONS, Change, CreatedRef, EqRef, NestRef, RewriteContext, RewriteError, _instantiate, get_item,
                          get_nest, iter_tensors, primitive, replace_item, replace_items)
 
 
@@ -142,7 +142,7 @@ def prim_replace_equation(ctx: RewriteContext, equation, **kw):
     ctx.changes.append(Change("equation", format_assign(old), format_assign(new), str(EqRef(path))))
 
 
-def _rewriter(ctx: RewriteContext, pattern: str, template: str, subscripts: bool):
+def _rewriter(ctx: RewriteContext, pattern: str, template: str, subscripts: bool, targets: bool = False):
     pat = P.parse_expr_pattern(pattern)
     sorts = P.metavar_sorts(pat)
     tpl = P.parse_expr_pattern(template)
@@ -162,6 +162,17 @@ def _rewriter(ctx: RewriteContext, pattern: str, template: str, subscripts: bool
         return A.rebuild(e, tuple(rewrite(c) for c in kids)) if kids else e
 
     def target(t: A.Tensor) -> A.Tensor:
+        if targets:
+            env = P.match_node(pat, t, ctx.env, sorts)
+            if env is not None:
+                count[0] += 1
+                try:
+                    new = P.instantiate(tpl, env)
+                except P.TemplateError as err:
+                    raise RewriteError(str(err)) from None
+                if not isinstance(new, A.Tensor):
+                    raise RewriteError(f"replace_terms: an equation target must stay a tensor, got {new}")
+                return new
         if not subscripts:
             return t
         return t.with_indices(tuple(rewrite(i) for i in t.indices))
@@ -174,18 +185,21 @@ def _rewriter(ctx: RewriteContext, pattern: str, template: str, subscripts: bool
     return fix, count
 
 
-@primitive("replace_terms", required=("pattern", "with"), optional=("nest", "equation", "subscripts"),
+@primitive("replace_terms", required=("pattern", "with"), optional=("nest", "equation", "subscripts", "targets"),
            template_args={"pattern": "pattern", "with": "with"})
-def prim_replace_terms(ctx: RewriteContext, pattern, nest=None, equation=None, subscripts=False, **kw):
+def prim_replace_terms(ctx: RewriteContext, pattern, nest=None, equation=None, subscripts=False, targets=False,
+                       **kw):
     """Replace every subterm matching ``pattern`` by the ``with`` template (the pattern's
     metavariables extend the bindings; bound ones must match exactly) in one equation
     (``equation:``), one nest (``nest:``, inner nests included) or the whole program.
     With ``subscripts: true`` subscript entries (of reads and of equation targets) are
-    rewritten too, e.g. an index expression replaced by a precomputed index tensor.
+    rewritten too, e.g. an index expression replaced by a precomputed index tensor; with
+    ``targets: true`` an equation target matching the pattern is replaced as well (the
+    template must give a tensor), e.g. every access of ``?X_{?l}`` redirected to a cache.
     Raises :class:`RewriteError` when nothing matches."""
     if nest is not None and equation is not None:
         raise RewriteError("replace_terms: give nest or equation, not both")
-    fix, count = _rewriter(ctx, pattern, kw["with"], bool(ctx.value(subscripts)))
+    fix, count = _rewriter(ctx, pattern, kw["with"], bool(ctx.value(subscripts)), bool(ctx.value(targets)))
     if equation is not None or nest is not None:
         path = item_ref(ctx, equation) if equation is not None else ctx.nest_ref(nest)
         ctx.program = replace_item(ctx.program, path, fix(get_item(ctx.program, path)))
@@ -221,6 +235,21 @@ def prim_permute_subscripts(ctx: RewriteContext, tensor, order):
     ctx.changes.append(Change("layout", format_expr(first), format_expr(fn(first)), name,
                               {"order": list(perm)}))
 
+
+def _target_of(ctx, eq) -> str:
+    """Name of the tensor an equation (``?e``, an EqRef) writes."""
+    from .primitives import ValueExprError
+
+    if not isinstance(eq, EqRef):
+        raise ValueExprError(f"target_of expects an equation, got {eq!r}")
+    item = get_item(ctx.module.program, eq.path)
+    if not isinstance(item, A.Assign):
+        raise ValueExprError(f"target_of: {eq} is not an equation")
+    return item.target.name
+
+
+# value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
+VALUE_FUNCTIONS.setdefault("target_of", (1, _target_of))
 
 __all__ = ["parse_item_template", "item_ref", "prim_insert_into", "prim_move_nest", "prim_replace_equation",
            "prim_replace_terms", "prim_permute_subscripts"]
