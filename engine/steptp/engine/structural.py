@@ -248,8 +248,22 @@ def _target_of(ctx, eq) -> str:
     return item.target.name
 
 
+def _rank_of(ctx, name) -> int:
+    """Number of subscript entries of a tensor (its rank; 0 for a scalar)."""
+    from .primitives import ValueExprError
+
+    decl = ctx.module.signature.get(name)
+    if decl:
+        return len(decl.shape)
+    t = next((t for t in iter_tensors(ctx.module.program) if t.name == name), None)
+    if t is None:
+        raise ValueExprError(f"unknown tensor {name!r}")
+    return len(t.indices)
+
+
 # value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
 VALUE_FUNCTIONS.setdefault("target_of", (1, _target_of))
+VALUE_FUNCTIONS.setdefault("rank_of", (1, _rank_of))
 
 __all__ = ["parse_item_template", "item_ref", "prim_insert_into", "prim_move_nest", "prim_replace_equation",
            "prim_replace_terms", "prim_permute_subscripts"]
