@@ -261,7 +261,21 @@ def _rank_of(ctx, name) -> int:
     return len(t.indices)
 
 
+def _names_thread_indices(ctx, nest, sub) -> bool:
+    """True when the subscript ``sub`` (a tuple of index terms) has, as plain entries, the
+    index of every threadIdx-bound loop (``B`` loop named tx.., ty.., tz..) of ``nest``:
+    each thread of a block then touches its own elements of a shared buffer (no race)."""
+    from .primitives import NestRef, ValueExprError
+
+    if not isinstance(nest, NestRef) or not isinstance(sub, tuple):
+        raise ValueExprError(f"names_thread_indices expects a nest and a subscript list, got {nest!r}, {sub!r}")
+    loops = get_nest(ctx.module.program, nest.path).loops
+    plain = {x.name for x in sub if isinstance(x, A.Index)}
+    return all(l.var in plain for l in loops if l.kind == "B" and l.var.startswith("t"))
+
+
 # value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
+VALUE_FUNCTIONS.setdefault("names_thread_indices", (2, _names_thread_indices))
 VALUE_FUNCTIONS.setdefault("target_of", (1, _target_of))
 VALUE_FUNCTIONS.setdefault("rank_of", (1, _rank_of))
 
