@@ -274,7 +274,17 @@ def _names_thread_indices(ctx, nest, sub) -> bool:
     return all(l.var in plain for l in loops if l.kind == "B" and l.var.startswith("t"))
 
 
+def _permuted(ctx, items, order) -> tuple:
+    """``items`` (a subscript list or any tuple) reordered: entry k is ``items[order[k]]``."""
+    from .primitives import ValueExprError
+
+    if not isinstance(items, tuple) or sorted(order) != list(range(len(items))):
+        raise ValueExprError(f"permuted: {order!r} is not a permutation of {items!r}")
+    return tuple(items[i] for i in order)
+
+
 # value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
+VALUE_FUNCTIONS.setdefault("permuted", (2, _permuted))
 VALUE_FUNCTIONS.setdefault("names_thread_indices", (2, _names_thread_indices))
 VALUE_FUNCTIONS.setdefault("target_of", (1, _target_of))
 VALUE_FUNCTIONS.setdefault("rank_of", (1, _rank_of))
