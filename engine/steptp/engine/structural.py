@@ -283,7 +283,70 @@ def _permuted(ctx, items, order) -> tuple:
     return tuple(items[i] for i in order)
 
 
+def _vf_error(msg):
+    from .primitives import ValueExprError
+
+    return ValueExprError(msg)
+
+
+def _loop_index(ctx, nest, pos) -> str:
+    """Index name of loop ``pos`` of a nest."""
+    from .primitives import NestRef
+
+    if not isinstance(nest, NestRef):
+        raise _vf_error(f"loop_index expects a nest, got {nest!r}")
+    loops = get_nest(ctx.module.program, nest.path).loops
+    if not (isinstance(pos, int) and 0 <= pos < len(loops)):
+        raise _vf_error(f"loop_index: no loop at position {pos!r}")
+    return loops[pos].var
+
+
+def _with_extent(ctx, loops, pos, extent) -> tuple:
+    """A loop list (e.g. ``loops_of(?N)``) with loop ``pos`` given another extent."""
+    if not (isinstance(loops, tuple) and all(isinstance(l, A.Loop) for l in loops)):
+        raise _vf_error(f"with_extent expects a loop list, got {loops!r}")
+    if not (isinstance(pos, int) and 0 <= pos < len(loops)) or not isinstance(extent, int) or extent <= 0:
+        raise _vf_error(f"with_extent: bad position {pos!r} or extent {extent!r}")
+    l = loops[pos]
+    return loops[:pos] + (A.Loop(l.kind, extent, l.var),) + loops[pos + 1:]
+
+
+def _shift_index(ctx, x, var, k):
+    """A term or subscript list with loop index ``var`` replaced by ``var+k`` everywhere."""
+    if not isinstance(var, str) or not isinstance(k, int):
+        raise _vf_error(f"shift_index expects an index name and an integer, got {var!r}, {k!r}")
+    sub = {var: A.BinOp("+", A.Index(var), A.Int(k))} if k else {}
+    if isinstance(x, tuple):
+        return tuple(A.substitute_indices(P.value_to_expr(e), sub) for e in x)
+    return A.substitute_indices(P.value_to_expr(x), sub)
+
+
+def _renamed(ctx, term, old, new):
+    """A term with every access of tensor ``old`` renamed to ``new`` (dtype, scope and
+    subscripts kept)."""
+    def fn(e):
+        return A.Tensor(new, e.dtype, e.scope, e.indices) if isinstance(e, A.Tensor) and e.name == old else e
+
+    return A.transform(P.value_to_expr(term), fn)
+
+
+def _reads_only(ctx, term, name) -> bool:
+    """True when every tensor the term reads (subscripts included) is ``name``."""
+    return all(e.name == name for e in A.walk(P.value_to_expr(term)) if isinstance(e, A.Tensor))
+
+
+def _plain_in(ctx, sub, var) -> bool:
+    """True when loop index ``var`` is a plain entry of the subscript list ``sub``."""
+    return isinstance(sub, tuple) and any(isinstance(e, A.Index) and e.name == var for e in sub)
+
+
 # value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
+VALUE_FUNCTIONS.setdefault("loop_index", (2, _loop_index))
+VALUE_FUNCTIONS.setdefault("with_extent", (3, _with_extent))
+VALUE_FUNCTIONS.setdefault("shift_index", (3, _shift_index))
+VALUE_FUNCTIONS.setdefault("renamed", (3, _renamed))
+VALUE_FUNCTIONS.setdefault("reads_only", (2, _reads_only))
+VALUE_FUNCTIONS.setdefault("plain_in", (2, _plain_in))
 VALUE_FUNCTIONS.setdefault("permuted", (2, _permuted))
 VALUE_FUNCTIONS.setdefault("names_thread_indices", (2, _names_thread_indices))
 VALUE_FUNCTIONS.setdefault("target_of", (1, _target_of))
