@@ -340,7 +340,37 @@ def _plain_in(ctx, sub, var) -> bool:
     return isinstance(sub, tuple) and any(isinstance(e, A.Index) and e.name == var for e in sub)
 
 
+def _flattened(ctx, sub, name) -> tuple:
+    """A one-entry subscript addressing the same element of a row-major copy of tensor
+    ``name`` (its signature shape): ``(i0*s0+i1*s1+...,)`` with ``s_k`` the product of the
+    later extents (``A_{tx,c}`` of an [8,12] tensor -> ``(tx*12+c,)``)."""
+    decl = ctx.module.signature.get(name)
+    if decl is None:
+        raise _vf_error(f"flattened: {name!r} is not in the signature (its shape is unknown)")
+    shape = decl.shape
+    if not isinstance(sub, tuple) or len(sub) != len(shape):
+        raise _vf_error(f"flattened: subscript {sub!r} does not match the rank of {name}")
+    out = None
+    for k, e in enumerate(sub):
+        stride = 1
+        for x in shape[k + 1:]:
+            stride *= x
+        term = P.value_to_expr(e)
+        if stride != 1:
+            term = A.BinOp("*", term, A.Int(stride))
+        out = term if out is None else A.BinOp("+", out, term)
+    return (out if out is not None else A.Int(0),)
+
+
+def _is_identity(ctx, order) -> bool:
+    """True for the identity permutation ``(0, 1, ...)``."""
+    return tuple(order) == tuple(range(len(order)))
+
+
 # value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
+VALUE_FUNCTIONS.setdefault("flattened", (2, _flattened))
+VALUE_FUNCTIONS.setdefault("is_identity", (1, _is_identity))
+VALUE_FUNCTIONS.setdefault("not_identity", (1, lambda ctx, order: not _is_identity(ctx, order)))
 VALUE_FUNCTIONS.setdefault("loop_index", (2, _loop_index))
 VALUE_FUNCTIONS.setdefault("with_extent", (3, _with_extent))
 VALUE_FUNCTIONS.setdefault("shift_index", (3, _shift_index))
