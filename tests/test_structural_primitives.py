@@ -219,3 +219,19 @@ def test_compute_inline_has_no_candidate_on_attention_nests_1_2():
     m = parse_leir(text)
     with pytest.raises(NoMatch):
         list_candidates(ci, m)
+
+
+def test_guarded_reads_and_local_buffers_across_a_cut():
+    m = parse_leir("""% program: guard
+% input A: f32[4,8]
+% output C: f32[4,8]
+B^{4}_{tx=0}L^{8}_{a=0}[D^{f32,l}_{tx,a}=exp(A^{f32,g}_{tx,a});C^{f32,g}_{tx,a}=if_then_else(a<1,D^{f32,l}_{tx,a},A^{f32,g}_{tx,a-1}*2.0);];
+""")
+    r = analyze_relations(m, ["guarded", "guarded_read", "item_dep", "cut_hazard"])
+    a = lambda i: A.Tensor("A", "f32", "g", (A.Index("tx"), i))  # noqa: E731
+    prev = a(A.BinOp("-", A.Index("a"), A.Int(1)))
+    assert [A.BinOp("*", prev, A.Float(2.0))] in r["guarded"] and [prev] in r["guarded"]
+    assert [1, "A", (A.Index("tx"), A.BinOp("-", A.Index("a"), A.Int(1)))] in r["guarded_read"]
+    assert not any(row[1] == "A" and row[2] == (A.Index("tx"), A.Index("a")) for row in r["guarded_read"])
+    # D is local: the two equations must stay in one kernel, although D is read at its subscript
+    assert r["item_dep"] == [[0, 0, 1]] and r["cut_hazard"] == [[0, 1]]

@@ -277,6 +277,19 @@ ANALYSIS = (
 (rule ((before n m) (reads m x)) ((read_later n x)) :ruleset a1)
 (relation write_after_read (i64 i64))  ; siblings: the later nest writes a tensor the earlier one reads
 (rule ((before n1 n2) (reads n1 x) (writes n2 x)) ((write_after_read n1 n2)) :ruleset a1)
+(relation guarded (Term))              ; a subterm inside a branch of some if_then_else (evaluated lazily)
+(relation guarded_l (TL))
+(rule ((any_sub e t) (= t (CALL f (TCons c (TCons a (TCons b (TNil)))))) (= f "if_then_else"))
+      ((guarded a) (guarded b)) :ruleset a1)
+(rule ((guarded t) (= t (CALL f l))) ((guarded_l l)) :ruleset a1)
+(rule ((guarded t) (= t (TNS n d s l))) ((guarded_l l)) :ruleset a1)
+(rule ((guarded_l (TCons h r))) ((guarded h) (guarded_l r)) :ruleset a1)
+"""
+    + "".join(f"(rule ((guarded t) (= t ({c} a))) ((guarded a)) :ruleset a1)\n" for c in _UN)
+    + "".join(f"(rule ((guarded t) (= t ({c} o a b))) ((guarded a) (guarded b)) :ruleset a1)\n" for c in _BI)
+    + """
+(relation guarded_read (i64 String TL)) ; equation reads tensor x at subscript l inside an if_then_else branch
+(rule ((any_sub e t) (= t (TNS x d s l)) (guarded t)) ((guarded_read e x l)) :ruleset a1)
 (relation compound (Term))             ; a value subterm that is an operation (not a leaf) reading some tensor
 (rule ((val_sub e t) (= t (BIN o a b)) (mentions t x)) ((compound t)) :ruleset a1)
 (rule ((val_sub e t) (= t (CALL f l)) (mentions t x)) ((compound t)) :ruleset a1)
@@ -294,6 +307,9 @@ ANALYSIS = (
       ((item_dep n p1 p2)) :ruleset a2)
 (rule ((item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (partial_var n e2 v) (writes_at e2 x l2) (accessed_at x e1 l1))
       ((item_dep n p1 p2)) :ruleset a2)
+(rule ((item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (accessed_at x e1 l1) (accessed_at x e2 l2) (scope_of x s)
+       (!= s "g"))
+      ((item_dep n p1 p2)) :ruleset a2)   ; a shared/local buffer must stay inside one kernel
 (relation cut_hazard (i64 i64))        ; cutting the body before item k could change results
 (rule ((item_dep n p1 p2) (body_cut n k) (< p1 k) (<= k p2)) ((cut_hazard n k)) :ruleset a2)
 """
@@ -381,6 +397,9 @@ RELATIONS: dict[str, RelSig] = {
     "eq_mixed": RelSig(("Eq", "String"), doc="the equation accesses the tensor at two different subscripts"),
     "read_later": RelSig(("Nest", "String"), doc="a later sibling nest reads the tensor"),
     "write_after_read": RelSig(("Nest", "Nest"), doc="siblings: the later one writes a tensor the earlier one reads"),
+    "guarded": RelSig(("Term",), doc="a subterm inside a branch of some if_then_else (evaluated lazily)"),
+    "guarded_read": RelSig(("Eq", "String", "TL"), doc="equation reads the tensor at the subscript inside an "
+                                                       "if_then_else branch"),
     "compound": RelSig(("Term",), doc="a value subterm that is an operation (not a leaf) reading some tensor"),
     "clobbers": RelSig(("Nest", "Term"), doc="the nest writes a tensor read by a value subterm of one of its equations"),
     "item_dep": RelSig(("Nest", "Int", "Int"),
