@@ -235,3 +235,29 @@ B^{4}_{tx=0}L^{8}_{a=0}[D^{f32,l}_{tx,a}=exp(A^{f32,g}_{tx,a});C^{f32,g}_{tx,a}=
     assert not any(row[1] == "A" and row[2] == (A.Index("tx"), A.Index("a")) for row in r["guarded_read"])
     # D is local: the two equations must stay in one kernel, although D is read at its subscript
     assert r["item_dep"] == [[0, 0, 1]] and r["cut_hazard"] == [[0, 1]]
+
+
+def test_value_functions_for_structural_rules():
+    from steptp.engine.primitives import VALUE_FUNCTIONS, EvalContext, NestRef
+
+    m = parse_leir("""% program: vf
+% input A: f32[4,6,8]
+% output C: f32[4,8]
+B^{4}_{tx=0}L^{8}_{a=0}L^{6}_{c=0}[C^{f32,g}_{tx,a}=C^{f32,g}_{tx,a}+A^{f32,g}_{tx,c,a}*a;];
+""")
+    ctx = EvalContext(m, {})
+    f = lambda n, *a: VALUE_FUNCTIONS[n][1](ctx, *a)  # noqa: E731
+    tx, a, c = A.Index("tx"), A.Index("a"), A.Index("c")
+    acc = A.Tensor("A", "f32", "g", (tx, c, a))
+    assert f("flattened", (tx, c, a), "A") == (A.BinOp("+", A.BinOp("+", A.BinOp("*", tx, A.Int(48)),
+                                                                      A.BinOp("*", c, A.Int(8))), a),)
+    assert f("shift_index", (tx, c, a), "a", 8) == (tx, c, A.BinOp("+", a, A.Int(8)))
+    assert f("renamed", A.BinOp("*", acc, a), "A", "G") == A.BinOp("*", A.Tensor("G", "f32", "g", (tx, c, a)), a)
+    assert f("index_outside", A.BinOp("*", acc, a), "A", "a") is True      # a is used as a value
+    assert f("index_outside", A.BinOp("*", acc, a), "A", "c") is False     # c only in A's subscript
+    assert f("reads_only", A.BinOp("*", acc, a), "A") and not f("reads_only", A.BinOp("*", acc, acc.with_indices(())), "B")
+    loops = f("with_extent", m.program.nests[0].loops, 1, 16)
+    assert [l.extent for l in loops] == [4, 16, 6] and f("loop_index", NestRef((0,)), 2) == "c"
+    assert f("rank_of", "A") == 3 and f("target_of", __import__("steptp.engine", fromlist=["EqRef"]).EqRef((0, 0))) == "C"
+    assert f("permuted", (tx, c, a), (2, 0, 1)) == (a, tx, c) and f("is_identity", (0, 1)) and f("not_identity", (1, 0))
+    assert f("names_thread_indices", NestRef((0,)), (tx, a)) and not f("names_thread_indices", NestRef((0,)), (c, a))

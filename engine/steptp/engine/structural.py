@@ -335,6 +335,19 @@ def _reads_only(ctx, term, name) -> bool:
     return all(e.name == name for e in A.walk(P.value_to_expr(term)) if isinstance(e, A.Tensor))
 
 
+def _index_outside(ctx, term, name, var) -> bool:
+    """True when loop index ``var`` occurs in the term outside the accesses of tensor
+    ``name`` (as a value, or in another tensor's subscript)."""
+    def visit(e) -> bool:
+        if isinstance(e, A.Tensor) and e.name == name:
+            return False
+        if isinstance(e, A.Index):
+            return e.name == var
+        return any(visit(c) for c in A.children(e))
+
+    return visit(P.value_to_expr(term))
+
+
 def _plain_in(ctx, sub, var) -> bool:
     """True when loop index ``var`` is a plain entry of the subscript list ``sub``."""
     return isinstance(sub, tuple) and any(isinstance(e, A.Index) and e.name == var for e in sub)
@@ -377,6 +390,7 @@ VALUE_FUNCTIONS.setdefault("shift_index", (3, _shift_index))
 VALUE_FUNCTIONS.setdefault("renamed", (3, _renamed))
 VALUE_FUNCTIONS.setdefault("reads_only", (2, _reads_only))
 VALUE_FUNCTIONS.setdefault("plain_in", (2, _plain_in))
+VALUE_FUNCTIONS.setdefault("index_outside", (3, _index_outside))
 VALUE_FUNCTIONS.setdefault("permuted", (2, _permuted))
 VALUE_FUNCTIONS.setdefault("names_thread_indices", (2, _names_thread_indices))
 VALUE_FUNCTIONS.setdefault("target_of", (1, _target_of))
