@@ -299,16 +299,20 @@ ANALYSIS = (
 
 ; a2: items of one body that must keep their interleaving (operator fission legality, mirrors fuse_conflict)
 (relation item_dep (i64 i64 i64))      ; nest, earlier item p1, later item p2
-(rule ((item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (writes_at e1 x l1) (accessed_at x e2 l2) (!= l1 l2))
+(relation multi_item (i64))            ; a nest with two or more body items (keeps the joins below small)
+(rule ((body_cut n 1)) ((multi_item n)) :ruleset a2)
+(relation local_buffer (String))       ; a tensor used with a shared or local scope
+(rule ((scope_of x s) (!= s "g")) ((local_buffer x)) :ruleset a2)
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (writes_at e1 x l1) (accessed_at x e2 l2) (!= l1 l2))
       ((item_dep n p1 p2)) :ruleset a2)
-(rule ((item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (reads_at e1 x l1) (writes_at e2 x l2) (!= l1 l2))
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (reads_at e1 x l1) (writes_at e2 x l2) (!= l1 l2))
       ((item_dep n p1 p2)) :ruleset a2)
-(rule ((item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (partial_var n e1 v) (writes_at e1 x l1) (accessed_at x e2 l2))
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (partial_var n e1 v) (writes_at e1 x l1) (accessed_at x e2 l2))
       ((item_dep n p1 p2)) :ruleset a2)
-(rule ((item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (partial_var n e2 v) (writes_at e2 x l2) (accessed_at x e1 l1))
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (partial_var n e2 v) (writes_at e2 x l2) (accessed_at x e1 l1))
       ((item_dep n p1 p2)) :ruleset a2)
-(rule ((item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (accessed_at x e1 l1) (accessed_at x e2 l2) (scope_of x s)
-       (!= s "g"))
+(rule ((local_buffer x) (multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (accessed_at x e1 l1)
+       (accessed_at x e2 l2))
       ((item_dep n p1 p2)) :ruleset a2)   ; a shared/local buffer must stay inside one kernel
 (relation cut_hazard (i64 i64))        ; cutting the body before item k could change results
 (rule ((item_dep n p1 p2) (body_cut n k) (< p1 k) (<= k p2)) ((cut_hazard n k)) :ruleset a2)
