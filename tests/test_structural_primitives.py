@@ -261,3 +261,20 @@ B^{4}_{tx=0}L^{8}_{a=0}L^{6}_{c=0}[C^{f32,g}_{tx,a}=C^{f32,g}_{tx,a}+A^{f32,g}_{
     assert f("rank_of", "A") == 3 and f("target_of", __import__("steptp.engine", fromlist=["EqRef"]).EqRef((0, 0))) == "C"
     assert f("permuted", (tx, c, a), (2, 0, 1)) == (a, tx, c) and f("is_identity", (0, 1)) and f("not_identity", (1, 0))
     assert f("names_thread_indices", NestRef((0,)), (tx, a)) and not f("names_thread_indices", NestRef((0,)), (c, a))
+    assert f("shape_of", "A", 1) == 6 and f("shape_of", "C", 1) == 8
+    assert f("split_entry", (tx, c), 1, 3) == (tx, A.BinOp("//", c, A.Int(3)), A.BinOp("%", c, A.Int(3)))
+
+
+def test_map_subscripts_rewrites_every_access_with_a_value_expression():
+    r = rule({"tensor": "?X"}, [{"map_subscripts": {"tensor": "?X", "to": "split_entry(?sub, 1, 4)"}}],
+             where=["intermediate(?X)"])
+    assert run(r) == ("B^{4}_{tx=0}L^{8}_{a=0}[D^{f32,g}_{tx,a//4,a%4}=exp(A^{f32,g}_{tx,a});];"
+                      "B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}=D^{f32,g}_{tx,a//4,a%4}*2.0;];")
+    flat = rule({"tensor": "?X"}, [{"map_subscripts": {"tensor": "?X", "to": "flattened(?s, ?X)", "var": "s"}}],
+                where=["intermediate(?X)"])
+    assert "D^{f32,g}_{tx*8+a}=exp(A^{f32,g}_{tx,a})" in run(flat)    # the inferred shape [4,8]
+    with pytest.raises(RuleError, match="unbound"):
+        rule({"tensor": "?X"}, [{"map_subscripts": {"tensor": "?X", "to": "permuted(?sub, ?order)"}}])
+    bad = rule({"tensor": "?X"}, [{"map_subscripts": {"tensor": "?X", "to": "rank_of(?X)"}}], where=["intermediate(?X)"])
+    with pytest.raises(RewriteError, match="not a subscript list"):
+        run(bad)

@@ -416,6 +416,8 @@ def check_rule(rule, source: str | None = None) -> None:
                     continue
                 elif kind == "with":           # a template that may use the pattern's metavariables
                     used = _template_vars("expr", v) - set(P.metavars(parse_template("expr", args["pattern"])))
+                elif kind == "subscript_fn":   # a value expression of ?sub (the access's subscript)
+                    used = value_vars(parse_value(v)) - {str(args.get("var", "sub")).lstrip("?")}
                 elif kind == "item":           # an equation or nest template
                     from .structural import parse_item_template
 

@@ -236,6 +236,40 @@ def prim_permute_subscripts(ctx: RewriteContext, tensor, order):
                               {"order": list(perm)}))
 
 
+@primitive("map_subscripts", required=("tensor", "to"), optional=("var",), template_args={"to": "subscript_fn"})
+def prim_map_subscripts(ctx: RewriteContext, tensor, to, var="sub"):
+    """Rewrite the subscript of every access of a tensor: for each access, ``?<var>``
+    (default ``?sub``) is bound to its subscript list and the value expression ``to`` gives
+    the new one (``permuted(?sub, ?order)``, ``flattened(?sub, ?X)``, ``split_entry(?sub,
+    ?d, ?f)``). Every read and write of the tensor moves consistently (a storage layout
+    change; the shape is re-inferred). TVM: ``tvm.s_tir.Schedule.transform_layout``."""
+    from .primitives import EvalContext, ValueExprError, eval_value
+
+    name = ctx.value(tensor)
+    first = next((t for t in iter_tensors(ctx.program) if t.name == name), None)
+    if first is None:
+        raise RewriteError(f"map_subscripts: tensor {name} does not occur")
+    memo: dict = {}
+
+    def fn(e):
+        if isinstance(e, A.Tensor) and e.name == name:
+            new = memo.get(e.indices)
+            if new is None:
+                try:
+                    new = eval_value(to, EvalContext(ctx.module, {**ctx.env, var: e.indices}))
+                except ValueExprError as err:
+                    raise RewriteError(f"map_subscripts: {err}") from None
+                if not isinstance(new, tuple):
+                    raise RewriteError(f"map_subscripts: {to!r} gives {new!r}, not a subscript list")
+                new = tuple(P.value_to_expr(x) for x in new)
+                memo[e.indices] = new
+            return e.with_indices(new)
+        return e
+
+    ctx.program = A.map_program_exprs(ctx.program, lambda e: A.transform(e, fn))
+    ctx.changes.append(Change("layout", format_expr(first), format_expr(fn(first)), name))
+
+
 def _target_of(ctx, eq) -> str:
     """Name of the tensor an equation (``?e``, an EqRef) writes."""
     from .primitives import ValueExprError
@@ -353,14 +387,43 @@ def _plain_in(ctx, sub, var) -> bool:
     return isinstance(sub, tuple) and any(isinstance(e, A.Index) and e.name == var for e in sub)
 
 
+def _shape(ctx, name) -> tuple:
+    """Shape of a tensor: the signature's, else the one inferred from the program's writes
+    (:func:`steptp.leir.analysis.analyze`)."""
+    decl = ctx.module.signature.get(name)
+    if decl is not None:
+        return tuple(decl.shape)
+    from ..leir.analysis import analyze
+
+    info = analyze(ctx.module.program, ctx.module.signature, check_bounds=False)
+    if name not in info.shapes:
+        raise _vf_error(f"unknown tensor {name!r}")
+    return tuple(info.shapes[name])
+
+
+def _shape_of(ctx, name, d) -> int:
+    """Extent of dimension ``d`` of a tensor (signature or inferred shape)."""
+    shape = _shape(ctx, name)
+    if not (isinstance(d, int) and 0 <= d < len(shape)):
+        raise _vf_error(f"shape_of: {name} has no dimension {d!r}")
+    return shape[d]
+
+
+def _split_entry(ctx, sub, d, f) -> tuple:
+    """A subscript list with entry ``d`` split in two, ``(e//f, e%f)``: the element's
+    address in a copy whose dimension d (extent n) is reshaped to (n/f, f)."""
+    if not isinstance(sub, tuple) or not (isinstance(d, int) and 0 <= d < len(sub)) or not isinstance(f, int) \
+            or f <= 0:
+        raise _vf_error(f"split_entry: bad arguments {sub!r}, {d!r}, {f!r}")
+    e = P.value_to_expr(sub[d])
+    return tuple(sub[:d]) + (A.BinOp("//", e, A.Int(f)), A.BinOp("%", e, A.Int(f))) + tuple(sub[d + 1:])
+
+
 def _flattened(ctx, sub, name) -> tuple:
     """A one-entry subscript addressing the same element of a row-major copy of tensor
-    ``name`` (its signature shape): ``(i0*s0+i1*s1+...,)`` with ``s_k`` the product of the
-    later extents (``A_{tx,c}`` of an [8,12] tensor -> ``(tx*12+c,)``)."""
-    decl = ctx.module.signature.get(name)
-    if decl is None:
-        raise _vf_error(f"flattened: {name!r} is not in the signature (its shape is unknown)")
-    shape = decl.shape
+    ``name`` (signature or inferred shape): ``(i0*s0+i1*s1+...,)`` with ``s_k`` the product
+    of the later extents (``A_{tx,c}`` of an [8,12] tensor -> ``(tx*12+c,)``)."""
+    shape = _shape(ctx, name)
     if not isinstance(sub, tuple) or len(sub) != len(shape):
         raise _vf_error(f"flattened: subscript {sub!r} does not match the rank of {name}")
     out = None
@@ -382,6 +445,8 @@ def _is_identity(ctx, order) -> bool:
 
 # value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
 VALUE_FUNCTIONS.setdefault("flattened", (2, _flattened))
+VALUE_FUNCTIONS.setdefault("shape_of", (2, _shape_of))
+VALUE_FUNCTIONS.setdefault("split_entry", (3, _split_entry))
 VALUE_FUNCTIONS.setdefault("is_identity", (1, _is_identity))
 VALUE_FUNCTIONS.setdefault("not_identity", (1, lambda ctx, order: not _is_identity(ctx, order)))
 VALUE_FUNCTIONS.setdefault("loop_index", (2, _loop_index))
@@ -397,4 +462,4 @@ VALUE_FUNCTIONS.setdefault("target_of", (1, _target_of))
 VALUE_FUNCTIONS.setdefault("rank_of", (1, _rank_of))
 
 __all__ = ["parse_item_template", "item_ref", "prim_insert_into", "prim_move_nest", "prim_replace_equation",
-           "prim_replace_terms", "prim_permute_subscripts"]
+           "prim_replace_terms", "prim_permute_subscripts", "prim_map_subscripts"]
