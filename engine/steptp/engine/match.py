@@ -581,7 +581,7 @@ def matcher_for(rules: list) -> Matcher:
     if m is None:
         m = Matcher(rules)
         _MATCHERS[key] = m
-        while len(_MATCHERS) > 16:
+        while len(_MATCHERS) > 64:   # at least one per shipped rule (single-rule matchers) plus groups
             _MATCHERS.popitem(last=False)
     else:
         _MATCHERS.move_to_end(key)
