@@ -46,10 +46,10 @@ def test_as_names_a_created_nest_for_later_steps_and_follows_insertions():
     # the nest created first is named ?new; a second insertion before it shifts it, and the
     # later replace_terms still edits exactly that nest
     r = rule({"nest": "?N"}, [
-        {"insert_nest": {"nest": "?L[?T^{f32,g}_{?L}=A^{f32,g}_{tx,a}+1.0;];", "before": "?N", "as": "new"}},
-        {"insert_nest": {"nest": "?L[?U^{f32,g}_{?L}=A^{f32,g}_{tx,a};];", "before": "?N"}},
-        {"replace_terms": {"pattern": "A^{f32,g}_{tx,a}+1.0", "with": "?U^{f32,g}_{?L}+1.0", "nest": "?new"}},
-    ], where=["nest_pos(?N, -1, 0)"], let={"L": "loops_of(?N)"}, fresh={"T": "tensor", "U": "tensor"})
+        {"insert_nest": {"nest": "*?L[?T^{f32,g}_{*?I}=A^{f32,g}_{tx,a}+1.0;];", "before": "?N", "as": "new"}},
+        {"insert_nest": {"nest": "*?L[?U^{f32,g}_{*?I}=A^{f32,g}_{tx,a};];", "before": "?N"}},
+        {"replace_terms": {"pattern": "A^{f32,g}_{tx,a}+1.0", "with": "?U^{f32,g}_{*?I}+1.0", "nest": "?new"}},
+    ], where=["nest_pos(?N, -1, 0)"], let={"L": "loops_of(?N)", "I": "indices_of(?L)"}, fresh={"T": "tensor", "U": "tensor"})
     out = run(r)
     assert out == ("B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx,a}=F^{f32,g}_{tx,a}+1.0;];"
                    "B^{4}_{tx=0}L^{8}_{a=0}[F^{f32,g}_{tx,a}=A^{f32,g}_{tx,a};];"
@@ -124,18 +124,18 @@ B^{4}_{tx=0}L^{8}_{a=0}L^{2}_{c=0}[C^{f32,g}_{tx,a}=max(C^{f32,g}_{tx,a},A^{f32,
 def test_whole_subscript_lists_splice_and_match():
     # ?l bound to a subscript list (TL) by accessed_at: it matches only accesses at exactly
     # that subscript and instantiates to it
-    r = rule({"nest": "?N"}, [{"replace_terms": {"pattern": "A^{f32,g}_{?l}", "with": "(A^{f32,g}_{?l}+1.0)",
+    r = rule({"nest": "?N"}, [{"replace_terms": {"pattern": "A^{f32,g}_{*?l}", "with": "(A^{f32,g}_{*?l}+1.0)",
                                                  "nest": "?N"}}],
              where=["nest_pos(?N, -1, 0)", "accessed_at(A, ?e, ?l)", "eq_in(?e, ?N)"])
     assert "exp(A^{f32,g}_{tx,a}+1.0)" in run(r)
-    env = {"l": (A.Index("tx"), A.Int(0)), "L": (A.Loop("B", 4, "tx"), A.Loop("L", 8, "a"))}
-    t = P.instantiate(P.parse_expr_pattern("X^{f32,l}_{?l}+Y^{f32,g}_{?L}"), env)
+    env = {"l": (A.Index("tx"), A.Int(0)), "L": (A.Loop("B", 4, "tx"), A.Loop("L", 8, "a")), "I": ("tx", "a")}
+    t = P.instantiate(P.parse_expr_pattern("X^{f32,l}_{*?l}+Y^{f32,g}_{*?I}"), env)
     assert str(format_program(A.Program((A.Nest(env["L"], (A.Assign(A.Tensor("Z", "f32", "g", ()), t),)),)))) == \
         "B^{4}_{tx=0}L^{8}_{a=0}[Z^{f32,g}=X^{f32,l}_{tx,0}+Y^{f32,g}_{tx,a};];"
-    nest = P.instantiate(P.parse_nest_pattern("?L[Z^{f32,g}_{?L}=1.0;];"), env)
+    nest = P.instantiate(P.parse_nest_pattern("*?L[Z^{f32,g}_{*?I}=1.0;];"), env)
     assert nest.loops == env["L"]
-    assert P.match_node(P.parse_expr_pattern("X_{?l}"), A.Tensor("X", "f32", "g", env["l"]), env) is not None
-    assert P.match_node(P.parse_expr_pattern("X_{?l}"), A.Tensor("X", "f32", "g", (A.Index("tx"),)), env) is None
+    assert P.match_node(P.parse_expr_pattern("X_{*?l}"), A.Tensor("X", "f32", "g", env["l"]), env) is not None
+    assert P.match_node(P.parse_expr_pattern("X_{*?l}"), A.Tensor("X", "f32", "g", (A.Index("tx"),)), env) is None
 
 
 def test_when_runs_a_step_only_if_its_condition_holds():
@@ -194,8 +194,8 @@ def test_a_new_rule_written_in_a_temporary_directory_applies_with_stp_apply(tmp_
         "where": ["nest_pos(?N, -1, _)", "eq_at(?N, 0, ?e)", "reads_at(?e, ?X, ?l)", "input(?X)",
                   "not eq_mixed(?e, ?X)"],
         "fresh": {"R": "tensor"},
-        "rewrite": [{"insert_into": {"item": "?R^{f32,l}_{?l}=?X^{f32,g}_{?l}", "before": "?e", "as": "copy"}},
-                    {"replace_terms": {"pattern": "?X^{f32,g}_{?l}", "with": "?R^{f32,l}_{?l}", "equation": "?e"}}],
+        "rewrite": [{"insert_into": {"item": "?R^{f32,l}_{*?l}=?X^{f32,g}_{*?l}", "before": "?e", "as": "copy"}},
+                    {"replace_terms": {"pattern": "?X^{f32,g}_{*?l}", "with": "?R^{f32,l}_{*?l}", "equation": "?e"}}],
         "cot": "{{ description }} The nest becomes '{{ nest_after }}'.",
         "tests": [{"before": ELEMWISE, "after": "B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,l}_{tx,a}=A^{f32,g}_{tx,a};"
                    "D^{f32,g}_{tx,a}=exp(E^{f32,l}_{tx,a});];B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}="
@@ -251,13 +251,14 @@ B^{4}_{tx=0}L^{8}_{a=0}L^{6}_{c=0}[C^{f32,g}_{tx,a}=C^{f32,g}_{tx,a}+A^{f32,g}_{
     acc = A.Tensor("A", "f32", "g", (tx, c, a))
     assert f("flattened", (tx, c, a), "A") == (A.BinOp("+", A.BinOp("+", A.BinOp("*", tx, A.Int(48)),
                                                                       A.BinOp("*", c, A.Int(8))), a),)
-    assert f("shift_index", (tx, c, a), "a", 8) == (tx, c, A.BinOp("+", a, A.Int(8)))
+    assert f("subst_index", (tx, c, a), "a", f("shifted", "a", 8)) == (tx, c, A.BinOp("+", a, A.Int(8)))
     assert f("renamed", A.BinOp("*", acc, a), "A", "G") == A.BinOp("*", A.Tensor("G", "f32", "g", (tx, c, a)), a)
     assert f("index_outside", A.BinOp("*", acc, a), "A", "a") is True      # a is used as a value
     assert f("index_outside", A.BinOp("*", acc, a), "A", "c") is False     # c only in A's subscript
     assert f("reads_only", A.BinOp("*", acc, a), "A") and not f("reads_only", A.BinOp("*", acc, acc.with_indices(())), "B")
-    loops = f("with_extent", m.program.nests[0].loops, 1, 16)
-    assert [l.extent for l in loops] == [4, 16, 6] and f("loop_index", NestRef((0,)), 2) == "c"
+    loops = f("set_extent", m.program.nests[0].loops, "a", 16)
+    assert [l.extent for l in loops] == [4, 16, 6] and f("index_of", NestRef((0,)), 2) == "c"
+    assert f("indices_of", loops) == ("tx", "a", "c")
     assert f("rank_of", "A") == 3 and f("target_of", __import__("steptp.engine", fromlist=["EqRef"]).EqRef((0, 0))) == "C"
     assert f("permuted", (tx, c, a), (2, 0, 1)) == (a, tx, c) and f("is_identity", (0, 1)) and f("not_identity", (1, 0))
     assert f("names_thread_indices", NestRef((0,)), (tx, a)) and not f("names_thread_indices", NestRef((0,)), (c, a))

@@ -267,8 +267,8 @@ ANALYSIS = (
 (relation body_cut (i64 i64))          ; nest, k with 0 < k < item_count: the body can be cut before item k
 (rule ((= c (item_count n)) (> c 1)) ((body_cut n (- c 1))) :ruleset a1)
 (rule ((body_cut n k) (> k 1)) ((body_cut n (- k 1))) :ruleset a1)
-(relation other_writer (i64 String))   ; equation writes x and another equation writes x too
-(rule ((writes_at e x l) (writes_at e2 x l2) (!= e e2)) ((other_writer e x)) :ruleset a1)
+(relation other_writer (String i64))         ; tensor written by equation e and by another one
+(rule ((writes_at e x l) (writes_at e2 x l2) (!= e e2)) ((other_writer x e)) :ruleset a1)
 (relation writes_other (i64 i64 String)) ; nest, equation in it, tensor another equation of the nest writes
 (rule ((eq_in e n) (eq_in e2 n) (writes_at e2 x l) (!= e e2)) ((writes_other n e x)) :ruleset a1)
 (relation eq_mixed (i64 String))       ; equation accesses x at two different subscripts
@@ -395,7 +395,7 @@ RELATIONS: dict[str, RelSig] = {
     "sub_entry": RelSig(("TL", "Term"), doc="a subscript list of some access, one of its entries"),
     "item_eq": RelSig(("Nest", "Int", "Eq"), doc="nest, body position, equation that is (or is inside) that item"),
     "body_cut": RelSig(("Nest", "Int"), doc="nest, k with 0 < k < item_count: its body can be cut before item k"),
-    "other_writer": RelSig(("Eq", "String"), doc="the equation writes the tensor and another equation does too"),
+    "other_writer": RelSig(("String", "Eq"), doc="tensor written by the equation and by another equation too"),
     "writes_other": RelSig(("Nest", "Eq", "String"), doc="nest, an equation in it, a tensor another equation of the "
                                                           "nest writes"),
     "eq_mixed": RelSig(("Eq", "String"), doc="the equation accesses the tensor at two different subscripts"),

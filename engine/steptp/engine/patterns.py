@@ -271,10 +271,10 @@ class _Parser:
             elif self.at("_") and not seen_sub:
                 self.next()
                 self.expect("{")
-                items = [self.expr()]
+                items = [self.splice_var() if self.at_loop_splice() else self.expr()]
                 while self.at(","):
                     self.next()
-                    items.append(self.expr())
+                    items.append(self.splice_var() if self.at_loop_splice() else self.expr())
                 self.expect("}")
                 indices = tuple(items)
                 seen_sub = True
@@ -346,26 +346,20 @@ class _Parser:
         out = []
         while self.at_loop() or self.at_loop_splice():
             if self.at_loop_splice():
-                out.append(PVar(self.next().text[1:]))   # ?L: a whole loop list (spliced)
+                out.append(self.splice_var())   # *?L: a whole loop list (spliced)
             else:
                 out.append(self.loop())
         return tuple(out)
 
     def at_loop_splice(self) -> bool:
-        """True at ``?L`` standing for a list of loops: a metavariable followed by ``[``,
-        another loop or the end of a loops template (see :func:`instantiate`)."""
-        t = self.peek()
-        if t.kind != "mvar" or self.at("^", 1) or self.at("_", 1):
-            return False
-        nxt = self.peek(1)
-        if nxt.kind == "eof" or self.at("[", 1):
-            return True
-        save = self.k
-        self.k += 1
-        try:
-            return self.at_loop()
-        finally:
-            self.k = save
+        """True at a list splice ``*?L`` (among loops: a whole loop list; in a subscript: a
+        run of entries; see :func:`instantiate`)."""
+        return self.at("*") and self.peek(1).kind == "mvar"
+
+    def splice_var(self) -> PVar:
+        """Consume ``*?name`` and return the metavariable standing for the list."""
+        self.expect("*")
+        return PVar(self.next().text[1:])
 
     def equation(self):
         target = self.atom()
@@ -750,10 +744,9 @@ def _instantiate_loops(loops, env: dict) -> tuple:
 
 
 def _instantiate_indices(indices, env: dict) -> tuple:
-    """Instantiate a subscript list; a metavariable bound to a tuple is spliced: a
-    subscript list (``TL`` binding from ``reads_at``/``writes_at``) gives its entries, a
-    loop list gives the loop indices (``X_{?L}`` with ``?L = loops_of(?N)`` is indexed by
-    every loop of the nest)."""
+    """Instantiate a subscript list; a splice ``*?s`` bound to a tuple inserts its items: a
+    subscript list (``TL`` binding from ``reads_at``/``writes_at``) its entries, a list of
+    index names (``indices_of(loops_of(?N))``) those indices."""
     out: list = []
     for i in indices:
         if isinstance(i, PVar) and isinstance(env.get(i.name), tuple):
@@ -765,7 +758,7 @@ def _instantiate_indices(indices, env: dict) -> tuple:
 
 
 def spliced_indices(indices, env: dict):
-    """The subscript a pattern's index list stands for when it is one metavariable bound
+    """The subscript a pattern's index list stands for when it is one splice ``*?s`` bound
     to a tuple (a whole subscript list), else ``None``."""
     if len(indices) == 1 and isinstance(indices[0], PVar) and isinstance(env.get(indices[0].name), tuple):
         return _instantiate_indices(indices, env)
@@ -815,7 +808,7 @@ def _match(p, n, env, sorts) -> bool:
             elif a != b:
                 return False
         whole = spliced_indices(p.indices, env)
-        if whole is not None:          # _{?l} with ?l bound to a whole subscript list
+        if whole is not None:          # _{*?l} with ?l bound to a whole subscript list
             return whole == n.indices
         if len(p.indices) != len(n.indices):
             return False

@@ -513,7 +513,7 @@ def _eval_tree(t, ctx: EvalContext):
         if t[1] not in VALUE_FUNCTIONS:
             raise ValueExprError(f"unknown function {t[1]}")
         arity, fn = VALUE_FUNCTIONS[t[1]]
-        if len(t[2]) != arity:
+        if arity >= 0 and len(t[2]) != arity:  # arity -1: variadic, checked by fn
             raise ValueExprError(f"{t[1]} takes {arity} argument(s)")
         return fn(ctx, *[_eval_tree(a, ctx) for a in t[2]])
     a, b = _eval_tree(t[2], ctx), _eval_tree(t[3], ctx)

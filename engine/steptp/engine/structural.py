@@ -323,36 +323,66 @@ def _vf_error(msg):
     return ValueExprError(msg)
 
 
-def _loop_index(ctx, nest, pos) -> str:
-    """Index name of loop ``pos`` of a nest."""
+def _index_name(x, what: str) -> str:
+    if isinstance(x, A.Index):
+        return x.name
+    if isinstance(x, str):
+        return x
+    raise _vf_error(f"{what} must be a loop index name, got {x!r}")
+
+
+def _index_of(ctx, nest, pos) -> str:
+    """Index name of loop ``pos`` of a nest (same meaning as feat/ops' ``index_of``)."""
     from .primitives import NestRef
 
     if not isinstance(nest, NestRef):
-        raise _vf_error(f"loop_index expects a nest, got {nest!r}")
+        raise _vf_error(f"index_of expects a nest, got {nest!r}")
     loops = get_nest(ctx.module.program, nest.path).loops
     if not (isinstance(pos, int) and 0 <= pos < len(loops)):
-        raise _vf_error(f"loop_index: no loop at position {pos!r}")
+        raise _vf_error(f"index_of: no loop at position {pos!r}")
     return loops[pos].var
 
 
-def _with_extent(ctx, loops, pos, extent) -> tuple:
-    """A loop list (e.g. ``loops_of(?N)``) with loop ``pos`` given another extent."""
+def _indices_of(ctx, loops) -> tuple:
+    """Index names of a loop list (``_{*?I}`` with ``?I = indices_of(loops_of(?N))``)."""
     if not (isinstance(loops, tuple) and all(isinstance(l, A.Loop) for l in loops)):
-        raise _vf_error(f"with_extent expects a loop list, got {loops!r}")
-    if not (isinstance(pos, int) and 0 <= pos < len(loops)) or not isinstance(extent, int) or extent <= 0:
-        raise _vf_error(f"with_extent: bad position {pos!r} or extent {extent!r}")
-    l = loops[pos]
-    return loops[:pos] + (A.Loop(l.kind, extent, l.var),) + loops[pos + 1:]
+        raise _vf_error(f"indices_of expects a loop list, got {loops!r}")
+    return tuple(l.var for l in loops)
 
 
-def _shift_index(ctx, x, var, k):
-    """A term or subscript list with loop index ``var`` replaced by ``var+k`` everywhere."""
-    if not isinstance(var, str) or not isinstance(k, int):
-        raise _vf_error(f"shift_index expects an index name and an integer, got {var!r}, {k!r}")
-    sub = {var: A.BinOp("+", A.Index(var), A.Int(k))} if k else {}
-    if isinstance(x, tuple):
-        return tuple(A.substitute_indices(P.value_to_expr(e), sub) for e in x)
-    return A.substitute_indices(P.value_to_expr(x), sub)
+def _set_extent(ctx, loops, index, extent) -> tuple:
+    """A loop list with the extent of the loop of index ``index`` set to ``extent`` (same
+    meaning as feat/ops' ``set_extent``)."""
+    if not (isinstance(loops, tuple) and all(isinstance(l, A.Loop) for l in loops)):
+        raise _vf_error(f"set_extent expects a loop list, got {loops!r}")
+    name = _index_name(index, "set_extent's second argument")
+    if not isinstance(extent, int) or isinstance(extent, bool) or extent <= 0:
+        raise _vf_error(f"set_extent: the extent must be a positive integer, got {extent!r}")
+    if name not in {l.var for l in loops}:
+        raise _vf_error(f"set_extent: no loop with index {name!r}")
+    return tuple(A.Loop(l.kind, extent, l.var) if l.var == name else l for l in loops)
+
+
+def _subst_index(ctx, term, *pairs):
+    """A term or subscript list with indices replaced simultaneously, ``pairs = (i1, e1,
+    ...)`` (same meaning as feat/ops' ``subst_index``)."""
+    if len(pairs) % 2 or not pairs:
+        raise _vf_error("subst_index takes a term and index/replacement pairs")
+    mapping = {_index_name(pairs[k], "subst_index's index argument"): P.value_to_expr(pairs[k + 1])
+               for k in range(0, len(pairs), 2)}
+    if isinstance(term, tuple):
+        return tuple(A.substitute_indices(P.value_to_expr(t), mapping) for t in term)
+    return A.substitute_indices(P.value_to_expr(term), mapping)
+
+
+def _shifted(ctx, index, offset):
+    """The index expression ``index+offset`` (``index`` for 0; same meaning as feat/ops')."""
+    name = _index_name(index, "shifted's first argument")
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise _vf_error(f"shifted: the offset must be an integer, got {offset!r}")
+    if offset == 0:
+        return A.Index(name)
+    return A.BinOp("+", A.Index(name), A.Int(offset)) if offset > 0 else A.BinOp("-", A.Index(name), A.Int(-offset))
 
 
 def _renamed(ctx, term, old, new):
@@ -449,9 +479,11 @@ VALUE_FUNCTIONS.setdefault("shape_of", (2, _shape_of))
 VALUE_FUNCTIONS.setdefault("split_entry", (3, _split_entry))
 VALUE_FUNCTIONS.setdefault("is_identity", (1, _is_identity))
 VALUE_FUNCTIONS.setdefault("not_identity", (1, lambda ctx, order: not _is_identity(ctx, order)))
-VALUE_FUNCTIONS.setdefault("loop_index", (2, _loop_index))
-VALUE_FUNCTIONS.setdefault("with_extent", (3, _with_extent))
-VALUE_FUNCTIONS.setdefault("shift_index", (3, _shift_index))
+VALUE_FUNCTIONS.setdefault("index_of", (2, _index_of))
+VALUE_FUNCTIONS.setdefault("indices_of", (1, _indices_of))
+VALUE_FUNCTIONS.setdefault("set_extent", (3, _set_extent))
+VALUE_FUNCTIONS.setdefault("subst_index", (-1, _subst_index))   # arity -1: variadic
+VALUE_FUNCTIONS.setdefault("shifted", (2, _shifted))
 VALUE_FUNCTIONS.setdefault("renamed", (3, _renamed))
 VALUE_FUNCTIONS.setdefault("reads_only", (2, _reads_only))
 VALUE_FUNCTIONS.setdefault("plain_in", (2, _plain_in))
