@@ -263,6 +263,8 @@ B^{4}_{tx=0}L^{8}_{a=0}L^{6}_{c=0}[C^{f32,g}_{tx,a}=C^{f32,g}_{tx,a}+A^{f32,g}_{
     assert f("permuted", (tx, c, a), (2, 0, 1)) == (a, tx, c) and f("is_identity", (0, 1)) and f("not_identity", (1, 0))
     assert f("names_thread_indices", NestRef((0,)), (tx, a)) and not f("names_thread_indices", NestRef((0,)), (c, a))
     assert f("shape_of", "A", 1) == 6 and f("shape_of", "C", 1) == 8
+    assert f("has_bound_index", (tx, c)) and not f("has_bound_index", A.BinOp("*", c, A.Int(2)))
+    assert f("dim_has_bound_index", "A", 0) and not f("dim_has_bound_index", "A", 1) and f("item", (tx, c), -1) == c
     assert f("split_entry", (tx, c), 1, 3) == (tx, A.BinOp("//", c, A.Int(3)), A.BinOp("%", c, A.Int(3)))
 
 

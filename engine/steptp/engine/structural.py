@@ -473,7 +473,38 @@ def _is_identity(ctx, order) -> bool:
     return tuple(order) == tuple(range(len(order)))
 
 
+def _is_bound_name(name: str) -> bool:
+    return len(name) >= 2 and name[0] in "tb" and name[1] in "xyz"
+
+
+def _has_bound_index(ctx, t) -> bool:
+    """True when a term or subscript list uses a thread/block-bound loop index (``tx..``,
+    ``by..``): the GPU preflight cannot prove ``tx//f, tx%f`` race-free, so a reshape must
+    leave such entries alone."""
+    items = t if isinstance(t, tuple) else (t,)
+    return any(isinstance(x, A.Index) and _is_bound_name(x.name)
+               for e in items for x in A.walk(P.value_to_expr(e)))
+
+
+def _dim_has_bound_index(ctx, name, d) -> bool:
+    """True when some access of tensor ``name`` has a thread/block-bound index in entry ``d``."""
+    for t in iter_tensors(ctx.module.program):
+        if t.name == name and 0 <= d < len(t.indices) and _has_bound_index(ctx, t.indices[d]):
+            return True
+    return False
+
+
+def _item(ctx, items, k):
+    """Item ``k`` of a list (negative from the end; same meaning as feat/ops' ``item``)."""
+    if not isinstance(items, tuple) or not isinstance(k, int) or not -len(items) <= k < len(items):
+        raise _vf_error(f"item: no item {k!r} in {items!r}")
+    return items[k]
+
+
 # value functions for let:/params: (setdefault: a definition elsewhere with the same name wins)
+VALUE_FUNCTIONS.setdefault("has_bound_index", (1, _has_bound_index))
+VALUE_FUNCTIONS.setdefault("dim_has_bound_index", (2, _dim_has_bound_index))
+VALUE_FUNCTIONS.setdefault("item", (2, _item))
 VALUE_FUNCTIONS.setdefault("flattened", (2, _flattened))
 VALUE_FUNCTIONS.setdefault("shape_of", (2, _shape_of))
 VALUE_FUNCTIONS.setdefault("split_entry", (3, _split_entry))
