@@ -34,7 +34,8 @@ def parse_item_template(text: str):
     """Parse a body-item template: a nest (``LOOPS[...];``, ``?L[...];``) or an equation
     (``?X_{..}=...``). Raises :class:`~steptp.engine.patterns.PatternError`."""
     p = P._Parser(text)
-    if p.at_loop() or p.at("[") or p.at_loop_splice():
+    at_splice = getattr(p, "at_splice", None) or p.at_loop_splice   # feat/ops names it at_splice
+    if p.at_loop() or p.at("[") or at_splice():
         item = p.nest()
     else:
         item = p.equation()
