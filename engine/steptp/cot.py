@@ -20,7 +20,8 @@ Context variables (all strings unless noted):
   ``nest_before``/``nest_after``, ``loops_before``/``loops_after``, ``loop_before``
   (loop), ``nests_before`` (list, nests), ``tensor``, ``tensor_before``/
   ``tensor_after``, ``occurrences``, ``scope_before``/``scope_after`` (tensor), ``substitutions`` (list of
-  ``{index, expr}``).
+  ``{index, expr}``), ``fresh`` / ``let`` (dicts: the rule's fresh names and let values as
+  LEIR text).
 """
 
 from __future__ import annotations
@@ -120,19 +121,24 @@ def cot_context(rule, before: LeirModule, after: LeirModule, site: Site, params:
         "removed_nests": rem, "added_nests": add,
         "changes": [c.as_dict() for c in changes],
         "substitutions": [{"index": c.before, "expr": c.after} for c in changes if c.kind == "substitute"],
+        "fresh": {k: display(env[k]) for k in getattr(rule, "fresh", {}) if k in env},
+        "let": {k: display(env[k]) for k in getattr(rule, "let", {}) if k in env},
     }
     if site.equation is not None:
         eb = get_item(bp, site.equation)
-        ea = get_item(ap, site.equation)
-        ctx["equation_before"], ctx["equation_after"] = format_assign(eb), format_assign(ea)
+        ea = _after_item(ap, site.equation, A.Assign)
+        ctx["equation_before"], ctx["equation_after"] = format_assign(eb), format_assign(ea) if ea else ""
         if site.expr is not None:
             ctx["site_before"] = format_expr(expr_at(eb.value, site.expr))
-            ctx["site_after"] = format_expr(expr_at(ea.value, site.expr))
+            try:
+                ctx["site_after"] = format_expr(expr_at(ea.value, site.expr)) if ea else ""
+            except (IndexError, TypeError):
+                ctx["site_after"] = ""
     if site.nest is not None:
         nb = get_item(bp, site.nest)
-        na = get_item(ap, site.nest)
-        ctx["nest_before"], ctx["nest_after"] = format_nest(nb), format_nest(na)
-        ctx["loops_before"], ctx["loops_after"] = format_loops(nb.loops), format_loops(na.loops)
+        na = _after_item(ap, site.nest, A.Nest)
+        ctx["nest_before"], ctx["nest_after"] = format_nest(nb), format_nest(na) if na else ""
+        ctx["loops_before"], ctx["loops_after"] = format_loops(nb.loops), format_loops(na.loops) if na else ""
         if site.loop is not None:
             ctx["loop_before"] = format_loops((nb.loops[site.loop],))
     if site.nests:
@@ -148,6 +154,16 @@ def cot_context(rule, before: LeirModule, after: LeirModule, site: Site, params:
         ctx["scope_before"] = tb[0].scope if tb else ""
         ctx["scope_after"] = ta[0].scope if ta else ""
     return ctx
+
+
+def _after_item(prog: A.Program, path, kind):
+    """The item at ``path`` of the transformed program, or None when a structural rewrite
+    left no item of that kind there (the *_after variables are then empty)."""
+    try:
+        item = get_item(prog, path)
+    except ValueError:
+        return None
+    return item if isinstance(item, kind) else None
 
 
 def format_nest_list(p: A.Program) -> str:

@@ -33,7 +33,8 @@ from .filters import EXTRA_DOMAINS, check_filters, passes_filters
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
 from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
                          eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
-                         parse_template, parse_value, program_names, run_primitive, value_vars)
+                         parse_template, parse_value, program_names, run_primitive, split_as, split_when,
+                         value_vars)
 
 
 class NoMatch(LookupError):
@@ -491,6 +492,7 @@ def check_rule(rule, source: str | None = None) -> None:
                         _raise(src, f"fresh.{name}.{kind}.{k}", f"unbound metavariable(s) {sorted('?' + f for f in free)}")
     bound |= set(rule.fresh)
     site_kind = {"expr": "expr", "equation": "equation", "loop": "loops"}.get(rule.scope)
+    as_names: set[str] = set()
     for i, (prim, raw) in enumerate(rule.rewrite):
         fld = f"rewrite[{i}].{prim}" if not (len(rule.rewrite) == 1 and isinstance(rule.raw.get("rewrite"), str)) \
             else "rewrite"
@@ -498,6 +500,12 @@ def check_rule(rule, source: str | None = None) -> None:
         if spec is None:
             _raise(src, fld, f"unknown primitive {prim!r}; known: {', '.join(sorted(PRIMITIVES))}")
         try:
+            _, when = split_when(raw)
+            if when is not None:
+                free = value_vars(parse_value(when)) - bound if is_expression(when) else set()
+                if free:
+                    _raise(src, f"{fld}.when", f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+            raw, as_name = split_as(raw)
             args = normalize_args(spec, raw)
         except RewriteError as e:
             _raise(src, fld, str(e))
@@ -522,6 +530,17 @@ def check_rule(rule, source: str | None = None) -> None:
                         continue
                     if prim == "replace_all" and a == "with":
                         used -= set(P.metavars(parse_template("expr", args["pattern"])))
+                elif kind == "pattern":        # a match pattern: its metavariables bind, not use
+                    parse_template("expr", v)
+                    continue
+                elif kind == "with":           # a template that may use the pattern's metavariables
+                    used = _template_vars("expr", v) - set(P.metavars(parse_template("expr", args["pattern"])))
+                elif kind == "subscript_fn":   # a value expression of ?sub (the access's subscript)
+                    used = value_vars(parse_value(v)) - {str(args.get("var", "sub")).lstrip("?")}
+                elif kind == "item":           # an equation or nest template
+                    from .structural import parse_item_template
+
+                    used = set(P.metavars(parse_item_template(v)))
                 else:
                     vals = v if isinstance(v, list) else [v]
                     used = set()
@@ -533,6 +552,11 @@ def check_rule(rule, source: str | None = None) -> None:
             free = {u for u in used if not u.startswith("_")} - bound
             if free:
                 _raise(src, afld, f"unbound metavariable(s) {sorted('?' + f for f in free)}")
+        if as_name is not None:
+            if as_name in bound and as_name not in as_names:
+                _raise(src, f"{fld}.as", f"?{as_name} is already bound")
+            bound.add(as_name)
+            as_names.add(as_name)   # a later step may rename (e.g. alternatives under when:)
     for fld, msg in check_filters(rule):
         _raise(src, fld, msg)
     from ..cot import check_template

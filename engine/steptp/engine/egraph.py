@@ -251,6 +251,81 @@ ANALYSIS = (
 (rule ((partial_var n e v) (writes_at e x l) (eq_in e2 n) (reads_at e2 x l2) (!= e e2)) ((reorder_hazard n)) :ruleset a2)
 (rule ((partial_var n e v1) (partial_var n e v2) (!= v1 v2) (= (accum e) false)) ((reorder_hazard n)) :ruleset a2)
 """
+    + """
+; ---------------- structural rewrites (graph / memory strategies) ----------------
+; a1: tensors a term reads (value and subscript positions), subscript entries, body items
+(relation mentions (Term String))      ; a subterm of some equation reads tensor x (anywhere inside it)
+(relation tl_mentions (TL String))
+(rule ((any_sub e t) (= t (TNS n d s l))) ((mentions t n)) :ruleset a1)
+(rule ((any_sub e t) (= t (TNS n d s l)) (tl_mentions l x)) ((mentions t x)) :ruleset a1)
+(rule ((any_sub e t) (= t (CALL f l)) (tl_mentions l x)) ((mentions t x)) :ruleset a1)
+(rule ((any_args e l) (= l (TCons h r)) (mentions h x)) ((tl_mentions l x)) :ruleset a1)
+(rule ((any_args e l) (= l (TCons h r)) (tl_mentions r x)) ((tl_mentions l x)) :ruleset a1)
+"""
+    + "".join(f"(rule ((any_sub e t) (= t ({c} a)) (mentions a x)) ((mentions t x)) :ruleset a1)\n" for c in _UN)
+    + "".join(f"(rule ((any_sub e t) (= t ({c} o a b)) (mentions a x)) ((mentions t x)) :ruleset a1)\n"
+              f"(rule ((any_sub e t) (= t ({c} o a b)) (mentions b x)) ((mentions t x)) :ruleset a1)\n" for c in _BI)
+    + """
+(relation tl_suffix (TL TL))
+(relation sub_entry (TL Term))         ; subscript list (of some access), one of its entries
+(rule ((accessed_at x e l)) ((tl_suffix l l)) :ruleset a1)
+(rule ((tl_suffix l (TCons h t))) ((sub_entry l h) (tl_suffix l t)) :ruleset a1)
+(relation item_eq (i64 i64 i64))       ; nest, body position, equation that is (or is inside) that item
+(rule ((eq_at n p e)) ((item_eq n p e)) :ruleset a1)
+(rule ((nest_pos m n p) (eq_in e m)) ((item_eq n p e)) :ruleset a1)
+(relation body_cut (i64 i64))          ; nest, k with 0 < k < item_count: the body can be cut before item k
+(rule ((= c (item_count n)) (> c 1)) ((body_cut n (- c 1))) :ruleset a1)
+(rule ((body_cut n k) (> k 1)) ((body_cut n (- k 1))) :ruleset a1)
+(relation other_writer (String i64))         ; tensor written by equation e and by another one
+(rule ((writes_at e x l) (writes_at e2 x l2) (!= e e2)) ((other_writer x e)) :ruleset a1)
+(relation writes_other (i64 i64 String)) ; nest, equation in it, tensor another equation of the nest writes
+(rule ((eq_in e n) (eq_in e2 n) (writes_at e2 x l) (!= e e2)) ((writes_other n e x)) :ruleset a1)
+(relation eq_mixed (i64 String))       ; equation accesses x at two different subscripts
+(rule ((accessed_at x e l1) (accessed_at x e l2) (!= l1 l2)) ((eq_mixed e x)) :ruleset a1)
+(relation read_later (i64 String))     ; a later sibling of the nest reads x
+(rule ((before n m) (reads m x)) ((read_later n x)) :ruleset a1)
+(relation write_after_read (i64 i64))  ; siblings: the later nest writes a tensor the earlier one reads
+(rule ((before n1 n2) (reads n1 x) (writes n2 x)) ((write_after_read n1 n2)) :ruleset a1)
+(relation guarded (Term))              ; a subterm inside a branch of some if_then_else (evaluated lazily)
+(relation guarded_l (TL))
+(rule ((any_sub e t) (= t (CALL f (TCons c (TCons a (TCons b (TNil)))))) (= f "if_then_else"))
+      ((guarded a) (guarded b)) :ruleset a1)
+(rule ((guarded t) (= t (CALL f l))) ((guarded_l l)) :ruleset a1)
+(rule ((guarded t) (= t (TNS n d s l))) ((guarded_l l)) :ruleset a1)
+(rule ((guarded_l (TCons h r))) ((guarded h) (guarded_l r)) :ruleset a1)
+"""
+    + "".join(f"(rule ((guarded t) (= t ({c} a))) ((guarded a)) :ruleset a1)\n" for c in _UN)
+    + "".join(f"(rule ((guarded t) (= t ({c} o a b))) ((guarded a) (guarded b)) :ruleset a1)\n" for c in _BI)
+    + """
+(relation guarded_read (i64 String TL)) ; equation reads tensor x at subscript l inside an if_then_else branch
+(rule ((any_sub e t) (= t (TNS x d s l)) (guarded t)) ((guarded_read e x l)) :ruleset a1)
+(relation compound (Term))             ; a value subterm that is an operation (not a leaf) reading some tensor
+(rule ((val_sub e t) (= t (BIN o a b)) (mentions t x)) ((compound t)) :ruleset a1)
+(rule ((val_sub e t) (= t (CALL f l)) (mentions t x)) ((compound t)) :ruleset a1)
+(rule ((val_sub e t) (= t (NEG a)) (mentions t x)) ((compound t)) :ruleset a1)
+(relation clobbers (i64 Term))         ; nest writes a tensor that a value subterm of one of its equations reads
+(rule ((eq_in e n) (val_sub e t) (mentions t x) (writes n x)) ((clobbers n t)) :ruleset a1)
+
+; a2: items of one body that must keep their interleaving (operator fission legality, mirrors fuse_conflict)
+(relation item_dep (i64 i64 i64))      ; nest, earlier item p1, later item p2
+(relation multi_item (i64))            ; a nest with two or more body items (keeps the joins below small)
+(rule ((body_cut n 1)) ((multi_item n)) :ruleset a2)
+(relation local_buffer (String))       ; a tensor used with a shared or local scope
+(rule ((scope_of x s) (!= s "g")) ((local_buffer x)) :ruleset a2)
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (writes_at e1 x l1) (accessed_at x e2 l2) (!= l1 l2))
+      ((item_dep n p1 p2)) :ruleset a2)
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (reads_at e1 x l1) (writes_at e2 x l2) (!= l1 l2))
+      ((item_dep n p1 p2)) :ruleset a2)
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (partial_var n e1 v) (writes_at e1 x l1) (accessed_at x e2 l2))
+      ((item_dep n p1 p2)) :ruleset a2)
+(rule ((multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (partial_var n e2 v) (writes_at e2 x l2) (accessed_at x e1 l1))
+      ((item_dep n p1 p2)) :ruleset a2)
+(rule ((local_buffer x) (multi_item n) (item_eq n p1 e1) (item_eq n p2 e2) (< p1 p2) (accessed_at x e1 l1)
+       (accessed_at x e2 l2))
+      ((item_dep n p1 p2)) :ruleset a2)   ; a shared/local buffer must stay inside one kernel
+(relation cut_hazard (i64 i64))        ; cutting the body before item k could change results
+(rule ((item_dep n p1 p2) (body_cut n k) (< p1 k) (<= k p2)) ((cut_hazard n k)) :ruleset a2)
+"""
 )
 
 # ---------------- sequences of nests (online softmax family; rules/README.md) ----------------
@@ -264,8 +339,6 @@ SEQUENCE_ANALYSIS = """
 (rule ((= l (TCons h t)) (tl_last t ti x)) ((tl_last l (TCons h ti) x)) :ruleset a1)
 (relation loop_of (i64 String i64 String))   ; nest, index name, extent, kind of one of its own loops
 (rule ((loop_at n p (LOOP k x v))) ((loop_of n v x k)) :ruleset a1)
-(relation other_writer (String i64))         ; tensor written by equation e and by another one
-(rule ((writes_at e x l) (writes_at e2 x l2) (!= e e2)) ((other_writer x e)) :ruleset a1)
 (relation other_reader (String i64))         ; tensor read by equation e and by another one
 (rule ((reads_at e x l) (reads_at e2 x l2) (!= e e2)) ((other_reader x e)) :ruleset a1)
 (relation other_reduction_axis (i64 String)) ; reduction axis i of e, and e has another one
@@ -353,6 +426,26 @@ RELATIONS: dict[str, RelSig] = {
     "conflicts": RelSig(("Nest", "Nest"), doc="siblings share a tensor that one of them writes"),
     "fuse_conflict": RelSig(("Nest", "Nest"), doc="consecutive nests that may not be fused (see egraph.py)"),
     "reorder_hazard": RelSig(("Nest",), doc="permuting this nest's loops may change results"),
+    # structural rewrites (graph / memory strategies)
+    "mentions": RelSig(("Term", "String"), doc="a subterm of some equation reads the tensor (anywhere inside it)"),
+    "sub_entry": RelSig(("TL", "Term"), doc="a subscript list of some access, one of its entries"),
+    "item_eq": RelSig(("Nest", "Int", "Eq"), doc="nest, body position, equation that is (or is inside) that item"),
+    "body_cut": RelSig(("Nest", "Int"), doc="nest, k with 0 < k < item_count: its body can be cut before item k"),
+    "other_writer": RelSig(("String", "Eq"), doc="tensor written by the equation and by another equation too"),
+    "writes_other": RelSig(("Nest", "Eq", "String"), doc="nest, an equation in it, a tensor another equation of the "
+                                                          "nest writes"),
+    "eq_mixed": RelSig(("Eq", "String"), doc="the equation accesses the tensor at two different subscripts"),
+    "read_later": RelSig(("Nest", "String"), doc="a later sibling nest reads the tensor"),
+    "write_after_read": RelSig(("Nest", "Nest"), doc="siblings: the later one writes a tensor the earlier one reads"),
+    "guarded": RelSig(("Term",), doc="a subterm inside a branch of some if_then_else (evaluated lazily)"),
+    "guarded_read": RelSig(("Eq", "String", "TL"), doc="equation reads the tensor at the subscript inside an "
+                                                       "if_then_else branch"),
+    "compound": RelSig(("Term",), doc="a value subterm that is an operation (not a leaf) reading some tensor"),
+    "clobbers": RelSig(("Nest", "Term"), doc="the nest writes a tensor read by a value subterm of one of its equations"),
+    "item_dep": RelSig(("Nest", "Int", "Int"),
+                       doc="two body items of a nest that must stay interleaved (cf. fuse_conflict)"),
+    "cut_hazard": RelSig(("Nest", "Int"), doc="cutting the nest's body before item k (operator fission) could "
+                                              "change results"),
 }
 
 
@@ -360,7 +453,6 @@ RELATIONS.update({
     "tl_last": RelSig(("TL", "TL", "Term"), doc="list = init ++ [last] (subscript and argument lists)"),
     "loop_of": RelSig(("Nest", "String", "Int", "String"),
                       doc="nest, index, extent and kind of one of the nest's own loops"),
-    "other_writer": RelSig(("String", "Eq"), doc="tensor written by the equation and by another equation too"),
     "other_reader": RelSig(("String", "Eq"), doc="tensor read by the equation and by another equation too"),
     "other_reduction_axis": RelSig(("Eq", "String"),
                                    doc="reduction axis of the equation, which has another reduction axis too"),

@@ -72,6 +72,31 @@ def _fmt_path(p) -> str:
     return "(" + ",".join(map(str, p)) + ")"
 
 
+@dataclass(frozen=True)
+class CreatedRef:
+    """A nest or equation created by an earlier rewrite step of the same rule and named
+    with ``as: name``; resolved to its current path by :class:`RewriteContext`."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return "?" + self.name
+
+
+def _shift_path(path, parent: tuple, pos: int, delta: int):
+    """``path`` after ``delta`` items were inserted (+) / removed (-) at ``parent + (pos,)``;
+    ``None`` when the path itself was removed."""
+    if path is None:
+        return None
+    k = len(parent)
+    if len(path) > k and path[:k] == parent:
+        if delta < 0 and pos <= path[k] < pos - delta:
+            return None
+        if path[k] >= pos + (0 if delta > 0 else -delta):
+            return path[:k] + (path[k] + delta,) + path[k + 1:]
+    return path
+
+
 # ---------------------------------------------------------------------------
 # Program navigation
 # ---------------------------------------------------------------------------
@@ -689,6 +714,10 @@ class RewriteContext:
     taken: set[str]
     changes: list[Change] = field(default_factory=list)
     shifts: list[tuple[tuple[int, ...], int, int]] = field(default_factory=list)
+    #: items created by earlier steps and named with ``as:`` (name -> current path)
+    created: dict = field(default_factory=dict)
+    #: path of the nest/equation the last primitive created (set by creating primitives)
+    last_created: tuple[int, ...] | None = None
 
     def remap(self, path: tuple[int, ...]) -> tuple[int, ...]:
         """Translate a path of the original program into the current program."""
@@ -705,19 +734,31 @@ class RewriteContext:
     def shift(self, path: tuple[int, ...], delta: int):
         """Record that ``delta`` items were inserted (+) / removed (-) at ``path``."""
         self.shifts.append((tuple(path[:-1]), path[-1], delta))
+        for name, cur in list(self.created.items()):
+            self.created[name] = _shift_path(cur, tuple(path[:-1]), path[-1], delta)
 
     def value(self, v):
         """Evaluate a YAML value with the step's bindings."""
         return eval_value(v, EvalContext(self.module, self.env))
 
     def nest_ref(self, v) -> tuple[int, ...]:
-        """Current path of a nest given as ``?N`` (a :class:`NestRef`) or a path list."""
+        """Current path of a nest given as ``?N`` (a :class:`NestRef`), a name bound by
+        ``as:`` in an earlier step (:class:`CreatedRef`) or a path list."""
         x = self.value(v)
+        if isinstance(x, CreatedRef):
+            return self.created_path(x)
         if isinstance(x, NestRef):
             return self.remap(x.path)
         if isinstance(x, (tuple, list)) and all(isinstance(i, int) for i in x):
             return self.remap(tuple(x))
         raise RewriteError(f"expected a nest reference, got {x!r}")
+
+    def created_path(self, ref: "CreatedRef") -> tuple[int, ...]:
+        """Current path of an item created earlier in this rewrite (named with ``as:``)."""
+        p = self.created.get(ref.name)
+        if p is None:
+            raise RewriteError(f"?{ref.name} names an item that a later step removed")
+        return p
 
     def site_nest(self) -> tuple[int, ...]:
         """Current path of the site's nest (the first nest for a ``nests`` site)."""
@@ -917,6 +958,7 @@ def prim_concat_nests(ctx: RewriteContext, nests, loops=None):
         prog = replace_items(prog, p, ())
     ctx.program = prog
     ctx.shift(paths[1], -(len(paths) - 1))
+    ctx.last_created = paths[0]
     ctx.changes.append(Change("fuse", " ".join(format_nest(n) for n in ns), format_nest(fused),
                               str(NestRef(paths[0]))))
 
@@ -933,6 +975,7 @@ def prim_split_nest(ctx: RewriteContext, at, nest=None):
     a, b = A.Nest(n.loops, n.body[:k]), A.Nest(n.loops, n.body[k:])
     ctx.program = replace_items(ctx.program, path, (a, b))
     ctx.shift(path[:-1] + (path[-1] + 1,), +1)
+    ctx.last_created = path[:-1] + (path[-1] + 1,)
     ctx.changes.append(Change("fission", format_nest(n), format_nest(a) + format_nest(b), str(NestRef(path))))
 
 
@@ -948,6 +991,7 @@ def prim_insert_nest(ctx: RewriteContext, nest, before=None, after=None):
     items = (new, cur) if before is not None else (cur, new)
     ctx.program = replace_items(ctx.program, ref, items)
     ctx.shift(pos, +1)
+    ctx.last_created = pos
     ctx.changes.append(Change("insert", "", format_nest(new), str(NestRef(pos))))
 
 
@@ -1078,13 +1122,45 @@ def prim_replace_all(ctx: RewriteContext, pattern, nest=None, in_subscripts=Fals
     ctx.changes.append(Change("replace_all", pattern, template, "", {"occurrences": count}))
 
 
+def split_when(raw_args):
+    """``(args without 'when', condition or None)``: ``when: "?dir == read"`` runs the step
+    only when the value expression is true (one rule, several rewrite variants)."""
+    if isinstance(raw_args, dict) and "when" in raw_args:
+        return {k: v for k, v in raw_args.items() if k != "when"}, raw_args["when"]
+    return raw_args, None
+
+
+def split_as(raw_args):
+    """``(args without 'as', name or None)``: ``as: name`` (or ``?name``) on a creating step
+    names the nest/equation it creates, for later steps of the same rule."""
+    raw_args, _ = split_when(raw_args)
+    if isinstance(raw_args, dict) and "as" in raw_args:
+        rest = {k: v for k, v in raw_args.items() if k != "as"}
+        name = raw_args["as"]
+        if not isinstance(name, str) or not name.lstrip("?").isidentifier():
+            raise RewriteError(f"as: expects a name, got {name!r}")
+        return rest, name.lstrip("?")
+    return raw_args, None
+
+
 def run_primitive(ctx: RewriteContext, name: str, raw_args) -> None:
-    """Run one rewrite step ``{name: args}``."""
+    """Run one rewrite step ``{name: args}``; ``as: new`` binds ``?new`` to the item the
+    step created (a :class:`CreatedRef` that follows later structural edits)."""
     spec = PRIMITIVES.get(name)
     if spec is None:
         raise RewriteError(f"unknown rewrite primitive {name!r}; known: {sorted(PRIMITIVES)}")
+    raw_args, when = split_when(raw_args)
+    if when is not None and not ctx.value(when):
+        return
+    raw_args, as_name = split_as(raw_args)
     args = normalize_args(spec, raw_args)
+    ctx.last_created = None
     spec.fn(ctx, **args)
+    if as_name is not None:
+        if ctx.last_created is None:
+            raise RewriteError(f"{name} creates no nest or equation to name with as: {as_name}")
+        ctx.created[as_name] = ctx.last_created
+        ctx.env[as_name] = CreatedRef(as_name)
 
 
 __all__ = [
@@ -1094,5 +1170,7 @@ __all__ = [
     "fresh_index_name", "fresh_tensor_name", "EvalContext", "VALUE_FUNCTIONS", "parse_value", "value_vars",
     "is_expression", "eval_value", "eval_let", "divisors", "permutations", "DOMAINS", "DOMAIN_MODIFIERS",
     "domain_values", "Change", "RewriteContext", "PrimitiveSpec", "PRIMITIVES", "primitive", "normalize_args",
-    "parse_template", "run_primitive",
+    "parse_template", "run_primitive", "split_as", "split_when", "CreatedRef",
 ]
+
+from . import structural  # noqa: E402,F401  (registers the structural primitives)
