@@ -100,7 +100,8 @@ def test_time_limit_raises():
 
 
 def test_oversized_expression_is_not_a_candidate():
-    big = val("+".join([f"{Aa}*{Wa}"] * 200))
+    # 10 parenthesised groups of 20 products: > MAX_NODES nodes, within the parser's depth limit
+    big = val("+".join("(" + "+".join([f"{Aa}*{Wa}"] * 20) + ")" for _ in range(10)))
     assert G.count_nodes(big) > G.MAX_NODES
     assert G.normal_form(big, "factor") is None
 

@@ -47,12 +47,12 @@ def test_as_names_a_created_nest_for_later_steps_and_follows_insertions():
     # later replace_terms still edits exactly that nest
     r = rule({"nest": "?N"}, [
         {"insert_nest": {"nest": "*?L[?T^{f32,g}_{*?I}=A^{f32,g}_{tx,a}+1.0;];", "before": "?N", "as": "new"}},
-        {"insert_nest": {"nest": "*?L[?U^{f32,g}_{*?I}=A^{f32,g}_{tx,a};];", "before": "?N"}},
+        {"insert_nest": {"nest": "*?L[?U^{f32,g}_{*?I}=A^{f32,g}_{tx,a};];", "before": "?new"}},
         {"replace_terms": {"pattern": "A^{f32,g}_{tx,a}+1.0", "with": "?U^{f32,g}_{*?I}+1.0", "nest": "?new"}},
     ], where=["nest_pos(?N, -1, 0)"], let={"L": "loops_of(?N)", "I": "indices_of(?L)"}, fresh={"T": "tensor", "U": "tensor"})
     out = run(r)
-    assert out == ("B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx,a}=F^{f32,g}_{tx,a}+1.0;];"
-                   "B^{4}_{tx=0}L^{8}_{a=0}[F^{f32,g}_{tx,a}=A^{f32,g}_{tx,a};];"
+    assert out == ("B^{4}_{tx=0}L^{8}_{a=0}[F^{f32,g}_{tx,a}=A^{f32,g}_{tx,a};];"
+                   "B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx,a}=F^{f32,g}_{tx,a}+1.0;];"
                    "B^{4}_{tx=0}L^{8}_{a=0}[D^{f32,g}_{tx,a}=exp(A^{f32,g}_{tx,a});];"
                    "B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}=D^{f32,g}_{tx,a}*2.0;];")
 
@@ -84,16 +84,17 @@ def test_insert_into_an_inner_nest_and_move_nest_compute_at():
     inner = rule({"nest": "?N"}, [{"insert_into": {"item": "L^{2}_{c=0}[E^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}+A^{f32,g}_{tx,c};];",
                                                    "at": 0}}], where=["nest_pos(?N, -1, 1)"])
     assert "L^{8}_{a=0}[L^{2}_{c=0}[E^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}+A^{f32,g}_{tx,c};];C^{f32,g}" in run(inner)
-    # a producer nest moved inside the consumer keeps its own loop (recomputed per iteration)
+    # a producer nest moved inside the consumer keeps its own loop (recomputed per iteration);
+    # its buffer is thread-local: a global one written by every thread is a race (preflight)
     text = """% program: producer
 % input A: f32[4,8]
 % output C: f32[4,8]
-L^{2}_{c=0}[D^{f32,g}_{c}=A^{f32,g}_{0,c}*2.0;];
-B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}+D^{f32,g}_{1};];
+L^{2}_{c=0}[D^{f32,l}_{c}=A^{f32,g}_{0,c}*2.0;];
+B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}+D^{f32,l}_{1};];
 """
     mv = rule({"nests": ["?p", "?c"]}, [{"move_nest": {"nest": "?p", "into": "?c", "at": 0}}])
-    assert run(mv, text) == ("B^{4}_{tx=0}L^{8}_{a=0}[L^{2}_{c=0}[D^{f32,g}_{c}=A^{f32,g}_{0,c}*2.0;];"
-                             "C^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}+D^{f32,g}_{1};];")
+    assert run(mv, text) == ("B^{4}_{tx=0}L^{8}_{a=0}[L^{2}_{c=0}[D^{f32,l}_{c}=A^{f32,g}_{0,c}*2.0;];"
+                             "C^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}+D^{f32,l}_{1};];")
 
 
 def test_replace_equation_edits_an_equation_that_is_not_the_site():
