@@ -170,6 +170,14 @@ def test_program_roundtrips_through_text():
     assert again.signature == tr.module.signature
 
 
+def test_negative_index_constants_are_canonical_and_round_trip():
+    # tril(diagonal=-1) of a one-row matrix folds its row index to 0: the condition's
+    # constant must be Neg(Int(1)), not Int(-1), or the printed text would not parse back to it
+    tr = _translate(lambda s, x: torch.tril(x, diagonal=-1), [(1, 6)])
+    assert "<=-1" in format_program(tr.module.program)
+    assert parse_leir(format_leir(tr.module)).program == tr.module.program
+
+
 # ---------------------------------------------------------------------------
 # Binding policy
 # ---------------------------------------------------------------------------

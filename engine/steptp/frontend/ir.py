@@ -166,14 +166,18 @@ def call(func: str, *args: A.Expr) -> A.Expr:
 
 def iadd(a: A.Expr, b: A.Expr) -> A.Expr:
     """Integer index ``a + b`` with constant folding of zeros."""
+    if isinstance(b, A.Int) and b.value < 0:          # never keep a negative Int node
+        b = A.int_literal(b.value)
+    if isinstance(a, A.Int) and a.value < 0:
+        a = A.int_literal(a.value)
     if b == A.Int(0):
         return a
     if a == A.Int(0):
         return b
     if isinstance(a, A.Int) and isinstance(b, A.Int):
-        return A.Int(a.value + b.value)
-    if isinstance(b, A.Int) and b.value < 0:
-        return A.BinOp("-", a, A.Int(-b.value))
+        return A.int_literal(a.value + b.value)
+    if isinstance(b, A.Neg) and isinstance(b.operand, A.Int):
+        return A.BinOp("-", a, b.operand)
     return A.BinOp("+", a, b)
 
 
@@ -184,8 +188,8 @@ def imul(a: A.Expr, k: int) -> A.Expr:
     if k == 1:
         return a
     if isinstance(a, A.Int):
-        return A.Int(a.value * k)
-    return A.BinOp("*", a, A.Int(k))
+        return A.int_literal(a.value * k)
+    return A.BinOp("*", a, A.int_literal(k))
 
 
 # ---------------------------------------------------------------------------

@@ -70,6 +70,13 @@ class Int:
     value: int
 
 
+def int_literal(value: int) -> "Int | Neg":
+    """The canonical AST of an integer constant: ``Int(v)`` for v >= 0, ``Neg(Int(-v))``
+    otherwise (the parser reads ``-1`` as a negation, so a negative ``Int`` node would print
+    as text that does not parse back to it)."""
+    return Int(value) if value >= 0 else Neg(Int(-value))
+
+
 @dataclass(frozen=True)
 class Float:
     value: float
