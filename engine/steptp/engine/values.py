@@ -1,18 +1,19 @@
 """Rule-language value functions: every function usable in value expressions.
 
 A value expression appears in ``let:``, ``params:`` domains and ``require:``, ``where:``
-value checks, primitive arguments and ``{check: ...}`` preconditions. The core functions
-(``loops_of``, ``loop_count``, ``extent_of``, ``item_count``, ``eq_count``, ``scope_of``,
-``dtype_of``, ``tensor_bytes``, ``shared_limit``, ``min``, ``max``) are defined with the
-evaluator in :mod:`steptp.engine.primitives`; all the others are defined here, once each,
-and added to :data:`steptp.engine.primitives.VALUE_FUNCTIONS` on import (the engine
-package imports this module; a name registered twice raises). They are generic: no rule
+value checks, primitive arguments and ``{check: ...}`` preconditions. The evaluator and
+the registry :data:`steptp.engine.primitives.VALUE_FUNCTIONS` live in
+:mod:`steptp.engine.primitives`; every function is defined here, once, and added to the
+registry on import (the engine package imports this module first; a name registered twice
+raises). They are generic: no rule
 is named here. Documented in ``rules/README.md`` ("Values"); tested in
 ``tests/test_rule_language.py``, ``tests/test_structural_primitives.py`` and
 ``tests/test_online_softmax.py``.
 
 Families:
 
+* **Core**: ``loops_of``, ``loop_count``, ``extent_of``, ``item_count``, ``eq_count``,
+  ``scope_of``, ``dtype_of``, ``tensor_bytes``, ``shared_limit``, ``min``, ``max``.
 * **Lists** (loop lists such as ``loops_of(?N)``, subscript lists bound by a ``*?S``
   pattern splice, index-name lists): ``len``, ``item``, ``slice``, ``drop``,
   ``replace_at``, ``insert_at``, ``concat``, ``contains``, ``index_in``, ``permuted``,
@@ -110,6 +111,56 @@ def _expr(fn: str, x) -> A.Expr:
         return P.value_to_expr(x)
     except P.TemplateError as e:
         raise ValueExprError(f"{fn}: {e}") from None
+
+
+# ---------------------------------------------------------------------------
+# Core: nests, tensors, memory, min/max
+# ---------------------------------------------------------------------------
+
+
+def _loops_of(ctx: EvalContext, nest) -> tuple:
+    """The loop list of a nest."""
+    if isinstance(nest, NestRef):
+        return get_nest(ctx.module.program, nest.path).loops
+    raise ValueExprError(f"loops_of expects a nest, got {nest!r}")
+
+
+def _scope_of(ctx: EvalContext, name) -> str:
+    """The scope of a tensor's occurrences (``mixed`` when they disagree)."""
+    scopes = {t.scope for t in iter_tensors(ctx.module.program) if t.name == name}
+    return scopes.pop() if len(scopes) == 1 else "mixed"
+
+
+def _dtype_of(ctx: EvalContext, name) -> str:
+    """A tensor's dtype: the signature's, else that of its first occurrence."""
+    d = ctx.module.signature.get(name)
+    if d:
+        return d.dtype
+    for t in iter_tensors(ctx.module.program):
+        if t.name == name:
+            return t.dtype
+    raise ValueExprError(f"unknown tensor {name!r}")
+
+
+_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
+             "u8": 1, "u16": 2, "u32": 4, "u64": 8, "bool": 1}
+
+
+def _tensor_bytes(ctx: EvalContext, name) -> int:
+    """Bytes of a whole tensor (signature shape, or the shape inferred by analysis)."""
+    from ..leir.analysis import analyze
+
+    info = analyze(ctx.module.program, ctx.module.signature, check_bounds=False)
+    if name not in info.shapes:
+        raise ValueExprError(f"unknown tensor {name!r}")
+    return math.prod(info.shapes[name]) * _ITEMSIZE[info.dtype(name)]
+
+
+def _shared_limit(ctx: EvalContext) -> int:
+    """Static shared memory per block of the default GPU (steptp.backend.hardware)."""
+    from ..backend.hardware import DEFAULT_GPU
+
+    return DEFAULT_GPU.max_static_shared_bytes
 
 
 # ---------------------------------------------------------------------------
@@ -570,6 +621,18 @@ def _names_thread_indices(ctx, nest, sub) -> bool:
 #: name -> (arity, fn(ctx, *args)); arity -1 = variadic (checked by the function itself).
 #: Added to VALUE_FUNCTIONS by :func:`_register` below.
 LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
+    # core
+    "loops_of": (1, _loops_of),
+    "loop_count": (1, lambda ctx, n: len(_loops_of(ctx, n))),
+    "extent_of": (2, lambda ctx, n, p: _loops_of(ctx, n)[p].extent),
+    "item_count": (1, lambda ctx, n: len(get_nest(ctx.module.program, n.path).body)),
+    "eq_count": (1, lambda ctx, n: sum(1 for _ in get_nest(ctx.module.program, n.path).equations())),
+    "scope_of": (1, _scope_of),
+    "dtype_of": (1, _dtype_of),
+    "tensor_bytes": (1, _tensor_bytes),
+    "shared_limit": (0, _shared_limit),
+    "min": (2, lambda ctx, a, b: min(a, b)),
+    "max": (2, lambda ctx, a, b: max(a, b)),
     # lists
     "len": (1, lambda ctx, xs: len(_seq("len", xs))),
     "item": (2, _item),
