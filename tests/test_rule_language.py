@@ -148,6 +148,17 @@ def test_shape_rank_and_counts():
         ev("shape_of(A, 3)", m)
 
 
+def test_value_functions_are_defined_once():
+    from steptp.engine import values as V
+    from steptp.engine.primitives import VALUE_FUNCTIONS
+
+    # every value function lives in values.py and is the registered one
+    assert VALUE_FUNCTIONS == V.LANGUAGE_FUNCTIONS and len(VALUE_FUNCTIONS) == 63
+    assert all(fn.__module__ == "steptp.engine.values" for _, fn in VALUE_FUNCTIONS.values())
+    with pytest.raises(RuntimeError, match="defined twice: rank_of"):
+        V._register({"rank_of": (1, lambda ctx, x: 0)})
+
+
 def test_gpu_value_functions():
     m = parse_leir(TWO)
     assert ev("bound_axes(?N)", m, N=NestRef((1,))) == ("tx", "ty")

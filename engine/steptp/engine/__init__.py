@@ -8,12 +8,11 @@ Public API::
     apply_rule(rule, module, seed=0, site=None, params=None) -> Step   # raises NoMatch
 """
 
-from . import values as _values  # noqa: F401 - registers the rule-language value functions
+from . import values as _values  # noqa: F401 - registers the rule-language value functions (all of them)
 from .apply import (NoMatch, PreflightRejected, Step, apply_rule, check_rule, checked_candidates, list_candidates,
                     new_preflight_problems)
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError
-from . import listvalues  # noqa: F401,E402 - registers the loop-list / term value functions (let:)
 from . import mathprims  # noqa: F401,E402 - registers the algebra primitive, filter and domains
 
 __all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",

@@ -9,9 +9,8 @@ Four families, each usable by any rule:
 * **Parameter domains** (``params:`` in YAML) - :data:`DOMAINS`: ``divisors_of``,
   ``choice``, ``range``, ``permutations_of`` with the modifiers ``exclude``,
   ``exclude_identity``, ``keep_innermost_kinds``; and the value functions usable in
-  ``let:``/``params:`` expressions (:data:`VALUE_FUNCTIONS`: ``loops_of``, ``loop_count``,
-  ``extent_of``, ``item_count``, ``eq_count``, ``scope_of``, ``dtype_of``, ``tensor_bytes``,
-  ``shared_limit``, ``min``, ``max``).
+  ``let:``/``params:`` expressions (the registry :data:`VALUE_FUNCTIONS` and its
+  evaluator; the functions themselves are defined in :mod:`steptp.engine.values`).
 * **Rewrite primitives** (``rewrite:`` in YAML) - :data:`PRIMITIVES`: ``replace``,
   ``substitute_index``, ``permute_loops``, ``set_loop``, ``concat_nests``,
   ``split_nest``, ``insert_nest``, ``remove_nest``, ``swap_nests``, ``set_scope``,
@@ -319,62 +318,10 @@ class EvalContext:
     env: dict
 
 
-def _loops_of(ctx: EvalContext, nest) -> tuple:
-    if isinstance(nest, NestRef):
-        return get_nest(ctx.module.program, nest.path).loops
-    raise ValueExprError(f"loops_of expects a nest, got {nest!r}")
-
-
-def _scope_of(ctx: EvalContext, name) -> str:
-    scopes = {t.scope for t in iter_tensors(ctx.module.program) if t.name == name}
-    return scopes.pop() if len(scopes) == 1 else "mixed"
-
-
-def _dtype_of(ctx: EvalContext, name) -> str:
-    d = ctx.module.signature.get(name)
-    if d:
-        return d.dtype
-    for t in iter_tensors(ctx.module.program):
-        if t.name == name:
-            return t.dtype
-    raise ValueExprError(f"unknown tensor {name!r}")
-
-
-_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
-             "u8": 1, "u16": 2, "u32": 4, "u64": 8, "bool": 1}
-
-
-def _tensor_bytes(ctx: EvalContext, name) -> int:
-    """Bytes of a whole tensor (signature shape, or the shape inferred by analysis)."""
-    from ..leir.analysis import analyze
-
-    info = analyze(ctx.module.program, ctx.module.signature, check_bounds=False)
-    if name not in info.shapes:
-        raise ValueExprError(f"unknown tensor {name!r}")
-    return math.prod(info.shapes[name]) * _ITEMSIZE[info.dtype(name)]
-
-
-def _shared_limit(ctx: EvalContext) -> int:
-    """Static shared memory per block of the default GPU (steptp.backend.hardware)."""
-    from ..backend.hardware import DEFAULT_GPU
-
-    return DEFAULT_GPU.max_static_shared_bytes
-
-
-#: Functions usable in value expressions: name -> (arity, fn(ctx, *args)).
-VALUE_FUNCTIONS: dict[str, tuple[int, Callable]] = {
-    "loops_of": (1, _loops_of),
-    "loop_count": (1, lambda ctx, n: len(_loops_of(ctx, n))),
-    "extent_of": (2, lambda ctx, n, p: _loops_of(ctx, n)[p].extent),
-    "item_count": (1, lambda ctx, n: len(get_nest(ctx.module.program, n.path).body)),
-    "eq_count": (1, lambda ctx, n: sum(1 for _ in get_nest(ctx.module.program, n.path).equations())),
-    "scope_of": (1, _scope_of),
-    "dtype_of": (1, _dtype_of),
-    "tensor_bytes": (1, _tensor_bytes),
-    "shared_limit": (0, _shared_limit),
-    "min": (2, lambda ctx, a, b: min(a, b)),
-    "max": (2, lambda ctx, a, b: max(a, b)),
-}
+#: Functions usable in value expressions: name -> (arity, fn(ctx, *args)); arity -1 =
+#: variadic. All of them are defined in :mod:`steptp.engine.values`, which fills this
+#: registry on import (the engine package imports it first).
+VALUE_FUNCTIONS: dict[str, tuple[int, Callable]] = {}
 
 
 class _ValueParser:

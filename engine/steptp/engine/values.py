@@ -1,31 +1,40 @@
-"""Rule-language value functions over lists, shapes, loops and thread bindings.
+"""Rule-language value functions: every function usable in value expressions.
 
-These extend :data:`steptp.engine.primitives.VALUE_FUNCTIONS` (the functions usable in
-``let:``, ``params:`` domains and ``require:``, primitive arguments and ``{check: ...}``
-preconditions). They are generic: no rule is named here. Documented in
-``rules/README.md`` ("Values"); tested on their own in ``tests/test_rule_language.py``.
+A value expression appears in ``let:``, ``params:`` domains and ``require:``, ``where:``
+value checks, primitive arguments and ``{check: ...}`` preconditions. The evaluator and
+the registry :data:`steptp.engine.primitives.VALUE_FUNCTIONS` live in
+:mod:`steptp.engine.primitives`; every function is defined here, once, and added to the
+registry on import (the engine package imports this module first; a name registered twice
+raises). They are generic: no rule
+is named here. Documented in ``rules/README.md`` ("Values"); tested in
+``tests/test_rule_language.py``, ``tests/test_structural_primitives.py`` and
+``tests/test_online_softmax.py``.
 
 Families:
 
+* **Core**: ``loops_of``, ``loop_count``, ``extent_of``, ``item_count``, ``eq_count``,
+  ``scope_of``, ``dtype_of``, ``tensor_bytes``, ``shared_limit``, ``min``, ``max``.
 * **Lists** (loop lists such as ``loops_of(?N)``, subscript lists bound by a ``*?S``
   pattern splice, index-name lists): ``len``, ``item``, ``slice``, ``drop``,
-  ``replace_at``, ``insert_at``, ``concat``, ``contains``, ``index_in``.
-* **Loops** (an :class:`~steptp.leir.ast.Loop` value, e.g. ``loop(?N, ?pos)``):
-  ``loop``, ``kind_of``, ``index_of``, ``axis_of``, ``with_kind``, ``with_extent``,
-  ``with_index``, ``indices_of``, ``keep_loops``, ``loop_pos``.
-* **Terms**: ``subscripts_of`` (a tensor term's subscript list), ``free_indices`` (loop
-  indices a term or list uses, first-occurrence order), ``index_only_in`` (every use of
-  an index lies inside a given term), ``tensor_name``, ``tensors_of`` (tensor names a
-  term reads, subscripts included).
-* **Shapes**: ``shape_of(X, d)``, ``rank_of(X)`` (signature or inferred shape).
-* **GPU**: ``bound_axes(N)`` (thread/block axes bound in the kernel around nest ``N``),
-  ``threads_per_block(N)``, ``axis_limit(ax)``, ``is_thread_axis(ax)``,
-  ``max_threads_per_block()`` (:mod:`steptp.backend.hardware`).
-* **Counts**: ``readers(X)`` / ``writers(X)`` (equations reading / writing a tensor).
+  ``replace_at``, ``insert_at``, ``concat``, ``contains``, ``index_in``, ``permuted``,
+  ``is_identity``, ``not_identity``.
+* **Loops** (an :class:`~steptp.leir.ast.Loop` value, e.g. ``loop(?N, ?pos)``, or a loop
+  list): ``loop``, ``kind_of``, ``index_of``, ``axis_of``, ``with_kind``, ``with_extent``,
+  ``with_index``, ``indices_of``, ``keep_loops``, ``loop_pos``, ``loops_without``,
+  ``set_extent``, ``loops_used_by``, ``loops_unused_by``.
+* **Terms and subscripts**: ``subscripts_of``, ``free_indices``, ``index_only_in``,
+  ``tensor_name``, ``tensors_of``, ``subst_index``, ``shifted``, ``renamed``,
+  ``reads_only``, ``index_outside``, ``plain_in``, ``has_bound_index``, ``target_of``.
+* **Shapes and layouts**: ``shape_of``, ``rank_of``, ``flattened``, ``split_entry``,
+  ``dim_has_bound_index``.
+* **Counts**: ``readers`` / ``writers`` (equations reading / writing a tensor).
+* **GPU**: ``bound_axes``, ``threads_per_block``, ``axis_limit``, ``is_thread_axis``,
+  ``max_threads_per_block`` (:mod:`steptp.backend.hardware`), ``names_thread_indices``.
 
 Nest arguments are :class:`~steptp.engine.primitives.NestRef` bindings (``?N``,
-``?nest``); every function raises :class:`~steptp.engine.primitives.ValueExprError` with a
-message naming the function for a bad argument.
+``?nest``), equation arguments :class:`~steptp.engine.primitives.EqRef` bindings (``?e``);
+every function raises :class:`~steptp.engine.primitives.ValueExprError` with a message
+naming the function for a bad argument.
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import math
 from typing import Any
 
 from ..leir import ast as A
-from .primitives import (VALUE_FUNCTIONS, EvalContext, NestRef, ValueExprError, get_item, get_nest)
+from . import patterns as P
+from .primitives import (VALUE_FUNCTIONS, EqRef, EvalContext, NestRef, ValueExprError, get_item, get_nest,
+                         iter_tensors)
 
 _AXES = ("tx", "ty", "tz", "bx", "by", "bz")
 _TAG = {"tx": "threadIdx.x", "ty": "threadIdx.y", "tz": "threadIdx.z",
@@ -79,6 +90,79 @@ def _name(x) -> str:
     return str(x)
 
 
+def _index_name(x, what: str) -> str:
+    """A loop index name given as an index term or a bare word (strict: nothing else)."""
+    if isinstance(x, A.Index):
+        return x.name
+    if isinstance(x, str):
+        return x
+    raise ValueExprError(f"{what} must be a loop index name, got {x!r}")
+
+
+def _loop_list(loops, fn: str) -> tuple:
+    if not (isinstance(loops, tuple) and all(isinstance(l, A.Loop) for l in loops)):
+        raise ValueExprError(f"{fn} expects a loop list (e.g. loops_of(?N)), got {loops!r}")
+    return loops
+
+
+def _expr(fn: str, x) -> A.Expr:
+    """A value (a term, an index name, an integer) as an expression."""
+    try:
+        return P.value_to_expr(x)
+    except P.TemplateError as e:
+        raise ValueExprError(f"{fn}: {e}") from None
+
+
+# ---------------------------------------------------------------------------
+# Core: nests, tensors, memory, min/max
+# ---------------------------------------------------------------------------
+
+
+def _loops_of(ctx: EvalContext, nest) -> tuple:
+    """The loop list of a nest."""
+    if isinstance(nest, NestRef):
+        return get_nest(ctx.module.program, nest.path).loops
+    raise ValueExprError(f"loops_of expects a nest, got {nest!r}")
+
+
+def _scope_of(ctx: EvalContext, name) -> str:
+    """The scope of a tensor's occurrences (``mixed`` when they disagree)."""
+    scopes = {t.scope for t in iter_tensors(ctx.module.program) if t.name == name}
+    return scopes.pop() if len(scopes) == 1 else "mixed"
+
+
+def _dtype_of(ctx: EvalContext, name) -> str:
+    """A tensor's dtype: the signature's, else that of its first occurrence."""
+    d = ctx.module.signature.get(name)
+    if d:
+        return d.dtype
+    for t in iter_tensors(ctx.module.program):
+        if t.name == name:
+            return t.dtype
+    raise ValueExprError(f"unknown tensor {name!r}")
+
+
+_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
+             "u8": 1, "u16": 2, "u32": 4, "u64": 8, "bool": 1}
+
+
+def _tensor_bytes(ctx: EvalContext, name) -> int:
+    """Bytes of a whole tensor (signature shape, or the shape inferred by analysis)."""
+    from ..leir.analysis import analyze
+
+    info = analyze(ctx.module.program, ctx.module.signature, check_bounds=False)
+    if name not in info.shapes:
+        raise ValueExprError(f"unknown tensor {name!r}")
+    return math.prod(info.shapes[name]) * _ITEMSIZE[info.dtype(name)]
+
+
+def _shared_limit(ctx: EvalContext) -> int:
+    """Static shared memory per block of the default GPU (steptp.backend.hardware)."""
+    from ..backend.hardware import DEFAULT_GPU
+
+    return DEFAULT_GPU.max_static_shared_bytes
+
+
 # ---------------------------------------------------------------------------
 # Lists
 # ---------------------------------------------------------------------------
@@ -113,6 +197,8 @@ def _insert_at(ctx, xs, k, new):
 
 
 def _item(ctx, xs, k):
+    """Item ``k`` of a list (negative ``k`` counts from the end). Also accepts a single
+    loop as a one-item list."""
     xs, k = _seq("item", xs), _int("item", k)
     if not -len(xs) <= k < len(xs):
         raise ValueExprError(f"item: position {k} outside a list of {len(xs)}")
@@ -135,11 +221,23 @@ def _index_in(ctx, xs, x) -> int:
 # ---------------------------------------------------------------------------
 
 
-def _loop_at(ctx, n, p):
-    loops = _nest("loop", ctx, n).loops
-    p = _int("loop", p)
+def _permuted(ctx, items, order) -> tuple:
+    """``items`` (a subscript list or any list) reordered: entry k is ``items[order[k]]``."""
+    if not isinstance(items, tuple) or sorted(order) != list(range(len(items))):
+        raise ValueExprError(f"permuted: {order!r} is not a permutation of {items!r}")
+    return tuple(items[i] for i in order)
+
+
+def _is_identity(ctx, order) -> bool:
+    """True for the identity permutation ``(0, 1, ...)``."""
+    return tuple(order) == tuple(range(len(order)))
+
+
+def _loop_at(ctx, n, p, fn: str = "loop"):
+    loops = _nest(fn, ctx, n).loops
+    p = _int(fn, p)
     if not 0 <= p < len(loops):
-        raise ValueExprError(f"loop: the nest has no loop at position {p}")
+        raise ValueExprError(f"{fn}: the nest has no loop at position {p}")
     return loops[p]
 
 
@@ -168,6 +266,57 @@ def _loop_pos(ctx, n, name) -> int:
         if l.var == _name(name):
             return k
     return -1
+
+
+def _indices_of(ctx, ls) -> tuple:
+    """Index names of a loop list (``_{*?I}`` with ``?I = indices_of(loops_of(?N))``); a
+    single loop counts as a one-loop list."""
+    return tuple(_loop("indices_of", l).var for l in _seq("indices_of", ls))
+
+
+def loops_without(ctx: EvalContext, loops, index) -> tuple:
+    """``loops`` minus the loop with index ``index`` (order kept): the loops of a reduction
+    nest minus its reduction axis. Raises if no loop has index ``index``."""
+    loops = _loop_list(loops, "loops_without")
+    name = _index_name(index, "loops_without's second argument")
+    kept = tuple(l for l in loops if l.var != name)
+    if len(kept) == len(loops):
+        raise ValueExprError(f"loops_without: no loop with index {name!r} in "
+                             f"{''.join(f'{l.kind}^{{{l.extent}}}_{{{l.var}=0}}' for l in loops)}")
+    return kept
+
+
+def set_extent(ctx: EvalContext, loops, index, extent) -> tuple:
+    """``loops`` with the extent of the loop of index ``index`` set to ``extent`` (> 0): a
+    loop over a longer or shorter range of the same index."""
+    loops = _loop_list(loops, "set_extent")
+    name = _index_name(index, "set_extent's second argument")
+    if not isinstance(extent, int) or isinstance(extent, bool) or extent <= 0:
+        raise ValueExprError(f"set_extent: the extent must be a positive integer, got {extent!r}")
+    if name not in {l.var for l in loops}:
+        raise ValueExprError(f"set_extent: no loop with index {name!r}")
+    return tuple(A.Loop(l.kind, extent, l.var) if l.var == name else l for l in loops)
+
+
+def _used(fn: str, terms) -> set[str]:
+    terms = terms if isinstance(terms, tuple) else (terms,)
+    out: set[str] = set()
+    for t in terms:
+        out |= {x.name for x in A.walk(_expr(fn, t)) if isinstance(x, A.Index)}
+    return out
+
+
+def loops_used_by(ctx: EvalContext, loops, terms) -> tuple:
+    """The loops of ``loops`` whose index occurs in ``terms`` (a term or a subscript list):
+    with a reduction's target subscript, its spatial loops."""
+    used = _used("loops_used_by", terms)
+    return tuple(l for l in _loop_list(loops, "loops_used_by") if l.var in used)
+
+
+def loops_unused_by(ctx: EvalContext, loops, terms) -> tuple:
+    """The loops of ``loops`` whose index does not occur in ``terms`` (a reduction's axes)."""
+    used = _used("loops_unused_by", terms)
+    return tuple(l for l in _loop_list(loops, "loops_unused_by") if l.var not in used)
 
 
 # ---------------------------------------------------------------------------
@@ -232,12 +381,96 @@ def _index_only_in(ctx, n, name, template) -> bool:
     return True
 
 
+def subst_index(ctx: EvalContext, term, *pairs):
+    """``term`` (an expression, or a tuple of expressions such as a subscript list) with
+    loop indices ``i1, i2, ...`` replaced *simultaneously* by ``e1, e2, ...`` (index names or
+    expressions), ``pairs = (i1, e1, i2, e2, ...)``. Moves an access from one nest's index
+    names to another's; simultaneous, so swapping two names is safe. Source: capture-free
+    substitution (:func:`steptp.leir.ast.substitute_indices`)."""
+    if len(pairs) % 2 or not pairs:
+        raise ValueExprError("subst_index takes a term and index/replacement pairs")
+    mapping = {_index_name(pairs[k], "subst_index's index argument"): _expr("subst_index", pairs[k + 1])
+               for k in range(0, len(pairs), 2)}
+    if isinstance(term, tuple):
+        return tuple(A.substitute_indices(_expr("subst_index", t), mapping) for t in term)
+    return A.substitute_indices(_expr("subst_index", term), mapping)
+
+
+def shifted(ctx: EvalContext, index, offset) -> A.Expr:
+    """The index expression ``index + offset`` (just ``index`` for offset 0; ``index - k``
+    for a negative offset), for ``subst_index`` (a loop over a sub-range starting at
+    ``offset``)."""
+    name = _index_name(index, "shifted's first argument")
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise ValueExprError(f"shifted: the offset must be an integer, got {offset!r}")
+    if offset == 0:
+        return A.Index(name)
+    return A.BinOp("+", A.Index(name), A.Int(offset)) if offset > 0 else A.BinOp("-", A.Index(name), A.Int(-offset))
+
+
+def _renamed(ctx, term, old, new):
+    """A term with every access of tensor ``old`` renamed to ``new`` (dtype, scope and
+    subscripts kept)."""
+    def fn(e):
+        return A.Tensor(new, e.dtype, e.scope, e.indices) if isinstance(e, A.Tensor) and e.name == old else e
+
+    return A.transform(_expr("renamed", term), fn)
+
+
+def _reads_only(ctx, term, name) -> bool:
+    """True when every tensor the term reads (subscripts included) is ``name``."""
+    return all(e.name == name for e in A.walk(_expr("reads_only", term)) if isinstance(e, A.Tensor))
+
+
+def _index_outside(ctx, term, name, var) -> bool:
+    """True when loop index ``var`` occurs in the term outside the accesses of tensor
+    ``name`` (as a value, or in another tensor's subscript)."""
+    def visit(e) -> bool:
+        if isinstance(e, A.Tensor) and e.name == name:
+            return False
+        if isinstance(e, A.Index):
+            return e.name == var
+        return any(visit(c) for c in A.children(e))
+
+    return visit(_expr("index_outside", term))
+
+
+def _plain_in(ctx, sub, var) -> bool:
+    """True when loop index ``var`` is a plain entry of the subscript list ``sub``."""
+    return isinstance(sub, tuple) and any(isinstance(e, A.Index) and e.name == var for e in sub)
+
+
+def _is_bound_name(name: str) -> bool:
+    return len(name) >= 2 and name[0] in "tb" and name[1] in "xyz"
+
+
+def _has_bound_index(ctx, t) -> bool:
+    """True when a term or subscript list uses a thread/block-bound loop index (``tx..``,
+    ``by..``): the GPU preflight cannot prove ``tx//f, tx%f`` race-free, so a reshape must
+    leave such entries alone."""
+    items = t if isinstance(t, tuple) else (t,)
+    return any(isinstance(x, A.Index) and _is_bound_name(x.name)
+               for e in items for x in A.walk(_expr("has_bound_index", e)))
+
+
+def _target_of(ctx, eq) -> str:
+    """Name of the tensor an equation (``?e``, an EqRef) writes."""
+    if not isinstance(eq, EqRef):
+        raise ValueExprError(f"target_of expects an equation, got {eq!r}")
+    item = get_item(ctx.module.program, eq.path)
+    if not isinstance(item, A.Assign):
+        raise ValueExprError(f"target_of: {eq} is not an equation")
+    return item.target.name
+
+
 # ---------------------------------------------------------------------------
-# Shapes and counts
+# Shapes, layouts and counts
 # ---------------------------------------------------------------------------
 
 
-def _shape(ctx, name) -> tuple[int, ...]:
+def _shape(ctx, name, fn: str = "shape_of") -> tuple[int, ...]:
+    """Shape of a tensor: the signature's, else the one inferred from the program's writes
+    (:func:`steptp.leir.analysis.analyze`; a semantic error becomes a ValueExprError)."""
     name = _name(name)
     d = ctx.module.signature.get(name)
     if d is not None:
@@ -247,13 +480,64 @@ def _shape(ctx, name) -> tuple[int, ...]:
     try:
         info = analyze(ctx.module.program, ctx.module.signature, check_bounds=False)
     except LeirSemanticError as e:
-        raise ValueExprError(f"shape_of: {e}") from None
+        raise ValueExprError(f"{fn}: {e}") from None
     if name not in info.shapes:
-        raise ValueExprError(f"shape_of: unknown tensor {name!r}")
+        raise ValueExprError(f"{fn}: unknown tensor {name!r}")
     return tuple(info.shapes[name])
 
 
+def _rank_of(ctx, name) -> int:
+    """Number of subscript entries of a tensor (its rank; 0 for a scalar): the signature's
+    rank, else the subscript length of its first access in the program. (Equal to the rank
+    of the inferred shape for a well-formed program, without running the analysis.)"""
+    name = _name(name)
+    decl = ctx.module.signature.get(name)
+    if decl:
+        return len(decl.shape)
+    t = next((t for t in iter_tensors(ctx.module.program) if t.name == name), None)
+    if t is None:
+        raise ValueExprError(f"rank_of: unknown tensor {name!r}")
+    return len(t.indices)
+
+
+def _split_entry(ctx, sub, d, f) -> tuple:
+    """A subscript list with entry ``d`` split in two, ``(e//f, e%f)``: the element's
+    address in a copy whose dimension d (extent n) is reshaped to (n/f, f)."""
+    if not isinstance(sub, tuple) or not (isinstance(d, int) and 0 <= d < len(sub)) or not isinstance(f, int) \
+            or f <= 0:
+        raise ValueExprError(f"split_entry: bad arguments {sub!r}, {d!r}, {f!r}")
+    e = _expr("split_entry", sub[d])
+    return tuple(sub[:d]) + (A.BinOp("//", e, A.Int(f)), A.BinOp("%", e, A.Int(f))) + tuple(sub[d + 1:])
+
+
+def _flattened(ctx, sub, name) -> tuple:
+    """A one-entry subscript addressing the same element of a row-major copy of tensor
+    ``name`` (signature or inferred shape): ``(i0*s0+i1*s1+...,)`` with ``s_k`` the product
+    of the later extents (``A_{tx,c}`` of an [8,12] tensor -> ``(tx*12+c,)``)."""
+    shape = _shape(ctx, name, "flattened")
+    if not isinstance(sub, tuple) or len(sub) != len(shape):
+        raise ValueExprError(f"flattened: subscript {sub!r} does not match the rank of {_name(name)}")
+    out = None
+    for k, e in enumerate(sub):
+        stride = math.prod(shape[k + 1:])
+        term = _expr("flattened", e)
+        if stride != 1:
+            term = A.BinOp("*", term, A.Int(stride))
+        out = term if out is None else A.BinOp("+", out, term)
+    return (out if out is not None else A.Int(0),)
+
+
+def _dim_has_bound_index(ctx, name, d) -> bool:
+    """True when some access of tensor ``name`` has a thread/block-bound index in entry ``d``."""
+    for t in iter_tensors(ctx.module.program):
+        if t.name == name and 0 <= d < len(t.indices) and _has_bound_index(ctx, t.indices[d]):
+            return True
+    return False
+
+
 def _shape_of(ctx, name, d) -> int:
+    """Extent of dimension ``d`` of a tensor (signature or inferred shape; negative ``d``
+    counts from the last dimension)."""
     s, d = _shape(ctx, name), _int("shape_of", d)
     if not -len(s) <= d < len(s):
         raise ValueExprError(f"shape_of: tensor {_name(name)} has rank {len(s)}, no dimension {d}")
@@ -323,8 +607,32 @@ def _max_threads(ctx) -> int:
     return DEFAULT_GPU.max_threads_per_block
 
 
-#: name -> (arity, fn(ctx, *args)); merged into VALUE_FUNCTIONS below.
+def _names_thread_indices(ctx, nest, sub) -> bool:
+    """True when the subscript ``sub`` (a tuple of index terms) has, as plain entries, the
+    index of every threadIdx-bound loop (``B`` loop named tx.., ty.., tz..) of ``nest``:
+    each thread of a block then touches its own elements of a shared buffer (no race)."""
+    if not isinstance(nest, NestRef) or not isinstance(sub, tuple):
+        raise ValueExprError(f"names_thread_indices expects a nest and a subscript list, got {nest!r}, {sub!r}")
+    loops = get_nest(ctx.module.program, nest.path).loops
+    plain = {x.name for x in sub if isinstance(x, A.Index)}
+    return all(l.var in plain for l in loops if l.kind == "B" and l.var.startswith("t"))
+
+
+#: name -> (arity, fn(ctx, *args)); arity -1 = variadic (checked by the function itself).
+#: Added to VALUE_FUNCTIONS by :func:`_register` below.
 LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
+    # core
+    "loops_of": (1, _loops_of),
+    "loop_count": (1, lambda ctx, n: len(_loops_of(ctx, n))),
+    "extent_of": (2, lambda ctx, n, p: _loops_of(ctx, n)[p].extent),
+    "item_count": (1, lambda ctx, n: len(get_nest(ctx.module.program, n.path).body)),
+    "eq_count": (1, lambda ctx, n: sum(1 for _ in get_nest(ctx.module.program, n.path).equations())),
+    "scope_of": (1, _scope_of),
+    "dtype_of": (1, _dtype_of),
+    "tensor_bytes": (1, _tensor_bytes),
+    "shared_limit": (0, _shared_limit),
+    "min": (2, lambda ctx, a, b: min(a, b)),
+    "max": (2, lambda ctx, a, b: max(a, b)),
     # lists
     "len": (1, lambda ctx, xs: len(_seq("len", xs))),
     "item": (2, _item),
@@ -335,26 +643,44 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "concat": (2, lambda ctx, a, b: _seq("concat", a) + _seq("concat", b)),
     "contains": (2, _contains),
     "index_in": (2, _index_in),
+    "permuted": (2, _permuted),
+    "is_identity": (1, _is_identity),
+    "not_identity": (1, lambda ctx, order: not _is_identity(ctx, order)),
     # loops
     "loop": (2, _loop_at),
-    "kind_of": (2, lambda ctx, n, p: _loop_at(ctx, n, p).kind),
-    "index_of": (2, lambda ctx, n, p: _loop_at(ctx, n, p).var),
-    "axis_of": (2, lambda ctx, n, p: _axis(_loop_at(ctx, n, p))),
+    "kind_of": (2, lambda ctx, n, p: _loop_at(ctx, n, p, "kind_of").kind),
+    "index_of": (2, lambda ctx, n, p: _loop_at(ctx, n, p, "index_of").var),
+    "axis_of": (2, lambda ctx, n, p: _axis(_loop_at(ctx, n, p, "axis_of"))),
     "with_kind": (2, lambda ctx, l, k: _with("with_kind", l, kind=_name(k))),
     "with_extent": (2, lambda ctx, l, e: _with("with_extent", l, extent=_int("with_extent", e))),
     "with_index": (2, lambda ctx, l, v: _with("with_index", l, var=_name(v))),
-    "indices_of": (1, lambda ctx, ls: tuple(_loop("indices_of", l).var for l in _seq("indices_of", ls))),
+    "indices_of": (1, _indices_of),
     "keep_loops": (2, _keep_loops),
     "loop_pos": (2, _loop_pos),
-    # terms
+    "loops_without": (2, loops_without),
+    "set_extent": (3, set_extent),
+    "loops_used_by": (2, loops_used_by),
+    "loops_unused_by": (2, loops_unused_by),
+    # terms and subscripts
     "subscripts_of": (1, _subscripts_of),
     "free_indices": (1, lambda ctx, t: free_indices(t)),
     "index_only_in": (3, _index_only_in),
     "tensor_name": (1, lambda ctx, t: t.name if isinstance(t, A.Tensor) else _name(t)),
     "tensors_of": (1, lambda ctx, t: tuple(dict.fromkeys(x.name for x in A.walk(t) if isinstance(x, A.Tensor)))),
-    # shapes and counts
+    "subst_index": (-1, subst_index),
+    "shifted": (2, shifted),
+    "renamed": (3, _renamed),
+    "reads_only": (2, _reads_only),
+    "index_outside": (3, _index_outside),
+    "plain_in": (2, _plain_in),
+    "has_bound_index": (1, _has_bound_index),
+    "target_of": (1, _target_of),
+    # shapes, layouts and counts
     "shape_of": (2, _shape_of),
-    "rank_of": (1, lambda ctx, x: len(_shape(ctx, x))),
+    "rank_of": (1, _rank_of),
+    "flattened": (2, _flattened),
+    "split_entry": (3, _split_entry),
+    "dim_has_bound_index": (2, _dim_has_bound_index),
     "readers": (1, lambda ctx, x: _count(ctx, x, False)),
     "writers": (1, lambda ctx, x: _count(ctx, x, True)),
     # GPU
@@ -363,10 +689,21 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "axis_limit": (1, _axis_limit),
     "is_thread_axis": (1, lambda ctx, ax: _name(ax)[:1] == "t" and _name(ax)[:2] in _TAG),
     "max_threads_per_block": (0, _max_threads),
+    "names_thread_indices": (2, _names_thread_indices),
 }
 
-for _k, _v in LANGUAGE_FUNCTIONS.items():
-    VALUE_FUNCTIONS.setdefault(_k, _v)
+
+def _register(functions: dict[str, tuple[int, Any]]) -> None:
+    """Add ``functions`` to VALUE_FUNCTIONS; a name defined twice is an error (one
+    definition per value function)."""
+    dup = sorted(set(functions) & set(VALUE_FUNCTIONS))
+    if dup:
+        raise RuntimeError(f"value function(s) defined twice: {', '.join(dup)}")
+    VALUE_FUNCTIONS.update(functions)
 
 
-__all__ = ["LANGUAGE_FUNCTIONS", "free_indices"]
+_register(LANGUAGE_FUNCTIONS)
+
+
+__all__ = ["LANGUAGE_FUNCTIONS", "free_indices", "loops_without", "set_extent", "loops_used_by", "loops_unused_by",
+           "subst_index", "shifted"]
