@@ -1024,6 +1024,57 @@ def prim_set_loops(ctx: RewriteContext, loops, nest=None):
     ctx.changes.append(Change("loops", format_loops(n.loops), format_loops(new), str(NestRef(path))))
 
 
+def term_rewriter(ctx: RewriteContext, pattern: str, template: str, subscripts: bool, targets: bool = False):
+    """The rewriting behind ``replace_all`` and ``replace_terms``: returns ``(fix, count)``
+    where ``fix(item)`` rewrites an equation or nest (inner nests included), replacing every
+    subterm matching the expression ``pattern`` by the ``template`` instantiated with the
+    match (the pattern's metavariables extend ``ctx.env``; bound ones must match exactly),
+    and ``count[0]`` counts the replacements. ``subscripts``: also inside tensor subscripts
+    (of reads and of equation targets); ``targets``: an equation target matching the
+    pattern is replaced too (the template must give a tensor). Raises :class:`RewriteError`
+    when an instantiation fails or a target would stop being a tensor."""
+    pat = P.parse_expr_pattern(pattern)
+    sorts = P.metavar_sorts(pat)
+    tpl = P.parse_expr_pattern(template)
+    count = [0]
+
+    def rewrite(e):
+        env = P.match_node(pat, e, ctx.env, sorts)
+        if env is not None:
+            count[0] += 1
+            try:
+                return P.instantiate(tpl, env)
+            except P.TemplateError as err:
+                raise RewriteError(str(err)) from None
+        if isinstance(e, A.Tensor) and not subscripts:
+            return e
+        kids = A.children(e)
+        return A.rebuild(e, tuple(rewrite(c) for c in kids)) if kids else e
+
+    def target(t: A.Tensor) -> A.Tensor:
+        if targets:
+            env = P.match_node(pat, t, ctx.env, sorts)
+            if env is not None:
+                count[0] += 1
+                try:
+                    new = P.instantiate(tpl, env)
+                except P.TemplateError as err:
+                    raise RewriteError(str(err)) from None
+                if not isinstance(new, A.Tensor):
+                    raise RewriteError(f"an equation target must stay a tensor, got {new}")
+                return new
+        if not subscripts:
+            return t
+        return t.with_indices(tuple(rewrite(i) for i in t.indices))
+
+    def fix(item):
+        if isinstance(item, A.Assign):
+            return A.Assign(target(item.target), rewrite(item.value))
+        return A.Nest(item.loops, tuple(fix(b) for b in item.body))
+
+    return fix, count
+
+
 @primitive("replace_all", required=("pattern", "with"), optional=("nest", "in_subscripts"),
            template_args={"pattern": "expr", "with": "expr"})
 def prim_replace_all(ctx: RewriteContext, pattern, nest=None, in_subscripts=False, **kw):
@@ -1032,41 +1083,13 @@ def prim_replace_all(ctx: RewriteContext, pattern, nest=None, in_subscripts=Fals
     ``in_subscripts: true`` also rewrites inside tensor subscripts (index arithmetic such
     as ``?o*?f+?i``), equation targets included."""
     template = kw["with"]
-    pat = P.parse_expr_pattern(pattern)
-    sorts = P.metavar_sorts(pat)
-    tpl = P.parse_expr_pattern(template)
-    count = 0
-
-    def rewrite(e):
-        nonlocal count
-        env = P.match_node(pat, e, ctx.env, sorts)
-        if env is not None:
-            count += 1
-            try:
-                return P.instantiate(tpl, env)
-            except P.TemplateError as err:
-                raise RewriteError(str(err)) from None
-        if isinstance(e, A.Tensor) and not in_subscripts:
-            return e
-        kids = A.children(e)
-        return A.rebuild(e, tuple(rewrite(c) for c in kids)) if kids else e
-
-    def fix_target(t: A.Tensor) -> A.Tensor:
-        return t.with_indices(tuple(rewrite(i) for i in t.indices)) if in_subscripts else t
-
-    def fix_nest(n: A.Nest) -> A.Nest:
-        body = []
-        for item in n.body:
-            body.append(A.Assign(fix_target(item.target), rewrite(item.value)) if isinstance(item, A.Assign)
-                        else fix_nest(item))
-        return A.Nest(n.loops, tuple(body))
-
+    fix, count = term_rewriter(ctx, pattern, template, subscripts=bool(in_subscripts))
     if nest is not None:
         path = ctx.nest_ref(nest)
-        ctx.program = replace_item(ctx.program, path, fix_nest(get_nest(ctx.program, path)))
+        ctx.program = replace_item(ctx.program, path, fix(get_nest(ctx.program, path)))
     else:
-        ctx.program = A.Program(tuple(fix_nest(n) for n in ctx.program.nests))
-    ctx.changes.append(Change("replace_all", pattern, template, "", {"occurrences": count}))
+        ctx.program = A.Program(tuple(fix(n) for n in ctx.program.nests))
+    ctx.changes.append(Change("replace_all", pattern, template, "", {"occurrences": count[0]}))
 
 
 def split_when(raw_args):
@@ -1117,7 +1140,7 @@ __all__ = [
     "fresh_index_name", "fresh_tensor_name", "EvalContext", "VALUE_FUNCTIONS", "parse_value", "value_vars",
     "is_expression", "eval_value", "eval_let", "divisors", "permutations", "DOMAINS", "DOMAIN_MODIFIERS",
     "domain_values", "Change", "RewriteContext", "PrimitiveSpec", "PRIMITIVES", "primitive", "normalize_args",
-    "parse_template", "run_primitive", "split_as", "split_when", "CreatedRef",
+    "parse_template", "run_primitive", "split_as", "split_when", "CreatedRef", "term_rewriter",
 ]
 
 from . import structural  # noqa: E402,F401  (registers the structural primitives)

@@ -31,8 +31,8 @@ from __future__ import annotations
 from ..leir import ast as A
 from ..leir.printer import format_assign, format_expr, format_nest
 from . import patterns as P
-from .primitives import (Change, CreatedRef, EqRef, NestRef, RewriteContext, RewriteError, _instantiate, get_item,
-                         get_nest, iter_tensors, primitive, replace_item, replace_items)
+from .primitives import (_instantiate, Change, CreatedRef, EqRef, get_item, get_nest, iter_tensors, NestRef,
+                         primitive, replace_item, replace_items, RewriteContext, RewriteError, term_rewriter)
 
 
 def parse_item_template(text: str):
@@ -148,47 +148,6 @@ def prim_replace_equation(ctx: RewriteContext, equation, **kw):
     ctx.changes.append(Change("equation", format_assign(old), format_assign(new), str(EqRef(path))))
 
 
-def _rewriter(ctx: RewriteContext, pattern: str, template: str, subscripts: bool, targets: bool = False):
-    pat = P.parse_expr_pattern(pattern)
-    sorts = P.metavar_sorts(pat)
-    tpl = P.parse_expr_pattern(template)
-    count = [0]
-
-    def rewrite(e):
-        env = P.match_node(pat, e, ctx.env, sorts)
-        if env is not None:
-            count[0] += 1
-            try:
-                return P.instantiate(tpl, env)
-            except P.TemplateError as err:
-                raise RewriteError(str(err)) from None
-        if isinstance(e, A.Tensor) and not subscripts:
-            return e
-        kids = A.children(e)
-        return A.rebuild(e, tuple(rewrite(c) for c in kids)) if kids else e
-
-    def target(t: A.Tensor) -> A.Tensor:
-        if targets:
-            env = P.match_node(pat, t, ctx.env, sorts)
-            if env is not None:
-                count[0] += 1
-                try:
-                    new = P.instantiate(tpl, env)
-                except P.TemplateError as err:
-                    raise RewriteError(str(err)) from None
-                if not isinstance(new, A.Tensor):
-                    raise RewriteError(f"replace_terms: an equation target must stay a tensor, got {new}")
-                return new
-        if not subscripts:
-            return t
-        return t.with_indices(tuple(rewrite(i) for i in t.indices))
-
-    def fix(item):
-        if isinstance(item, A.Assign):
-            return A.Assign(target(item.target), rewrite(item.value))
-        return A.Nest(item.loops, tuple(fix(b) for b in item.body))
-
-    return fix, count
 
 
 @primitive("replace_terms", required=("pattern", "with"), optional=("nest", "equation", "subscripts", "targets"),
@@ -205,7 +164,7 @@ def prim_replace_terms(ctx: RewriteContext, pattern, nest=None, equation=None, s
     Raises :class:`RewriteError` when nothing matches."""
     if nest is not None and equation is not None:
         raise RewriteError("replace_terms: give nest or equation, not both")
-    fix, count = _rewriter(ctx, pattern, kw["with"], bool(ctx.value(subscripts)), bool(ctx.value(targets)))
+    fix, count = term_rewriter(ctx, pattern, kw["with"], bool(ctx.value(subscripts)), bool(ctx.value(targets)))
     if equation is not None or nest is not None:
         path = item_ref(ctx, equation) if equation is not None else ctx.nest_ref(nest)
         ctx.program = replace_item(ctx.program, path, fix(get_item(ctx.program, path)))
