@@ -702,7 +702,7 @@ def value_to_expr(x) -> A.Expr:
     if isinstance(x, bool):
         raise TemplateError(f"cannot use the boolean {x} as an expression")
     if isinstance(x, int):
-        return A.Int(x) if x >= 0 else A.Neg(A.Int(-x))
+        return A.int_literal(x)
     if isinstance(x, float):
         return A.Float(x) if x >= 0 or math.isnan(x) else A.Neg(A.Float(-x))
     if isinstance(x, str):

@@ -443,7 +443,7 @@ def _build(terms: dict, const: int) -> A.Expr:
         else:
             out = A.BinOp("+" if c > 0 else "-", out, t)
     if out is None:
-        return A.Int(const) if const >= 0 else A.Neg(A.Int(-const))
+        return A.int_literal(const)
     if const > 0:
         out = A.BinOp("+", out, A.Int(const))
     elif const < 0:

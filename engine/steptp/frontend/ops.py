@@ -2061,7 +2061,7 @@ def _nll(ctx, logp: Value, target: Value, reduction: int, ignore: int, weight=No
     term = A.Neg(logp.read(src))
     if weight is not None:
         term = mul(weight.read((t,)), term)
-    valid = A.Compare("!=", t, A.Int(ignore) if ignore >= 0 else A.Neg(A.Int(-ignore)))
+    valid = A.Compare("!=", t, A.int_literal(ignore))
     ctx.em.emit(sp.loops, A.Assign(per.ref(sp.out), call("if_then_else", valid, term, ctx.lit(0, per.dtype))))
     if reduction == 0:
         return per
@@ -2071,7 +2071,7 @@ def _nll(ctx, logp: Value, target: Value, reduction: int, ignore: int, weight=No
                               math.prod(tshape))
     tot = ctx.em.reduce(ctx.acc_temp((), logp.dtype, math.prod(tshape)), "sum", per, dims, False)
     cnt = ctx.em.reduce(ctx.acc_temp((), logp.dtype, math.prod(tshape)), "sum", Lazy(tshape, per.dtype, lambda idx: call(
-        "if_then_else", A.Compare("!=", target.read(idx), A.Int(ignore) if ignore >= 0 else A.Neg(A.Int(-ignore))),
+        "if_then_else", A.Compare("!=", target.read(idx), A.int_literal(ignore)),
         weight.read((target.read(idx),)) if weight is not None else ctx.lit(1, per.dtype), ctx.lit(0, per.dtype))),
         dims, False)
     return ctx.map(div, tot, cnt)
