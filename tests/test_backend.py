@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from steptp.backend import (BuildError, ExecError, IsolatedRunner, LoweringError, PreflightError, build_cpu,
-                            cuda_source, gpu_problems, loop_hazards, lower, lower_module, nvcc_check, nvcc_path,
+                            cuda_source, cuda_target, gpu_problems, loop_hazards, lower, lower_module, nvcc_check, nvcc_path,
                             parse_tvmscript, preflight, run_cpu)
 from steptp.backend import build as build_mod
 from steptp.backend.hardware import H100, THREAD_LIMITS
@@ -295,6 +295,23 @@ def test_semantic_and_input_errors_name_the_tensor():
         build_cpu("@T.prim_func(s_tir=True)\ndef main(A: T.Buffer((4,), 'float32')):\n    A[0] = undefined_name\n")
 
 
+def test_fast_parse_is_structurally_identical_to_tvm_from_source():
+    """parse_tvmscript's cheap ``T.prim_func`` decorator stub changes nothing in the result."""
+    import tvm
+
+    from steptp.backend.build import _parse_tvmscript
+
+    m = mod(MATMUL_HDR, MATMUL_BODY)
+    bare = "@T.prim_func(s_tir=True)\ndef main(A: T.Buffer((4,), 'float32')):\n    A[1] = A[0] + T.float32(1)\n"
+    for text in (lower(m, target="cpu"), lower(m, target="cuda"), bare):
+        ours, theirs = _parse_tvmscript(text), tvm.script.from_source(text)
+        if isinstance(theirs, tvm.IRModule):
+            theirs = theirs["main"]
+        tvm.ir.assert_structural_equal(ours, theirs)
+        assert ours.script() == theirs.script()
+        assert ours.attrs["s_tir"]
+
+
 # --------------------------------------------------------------------------- GPU preflight
 
 
@@ -360,6 +377,16 @@ def test_preflight_accepts_good_kernels():
 def test_cuda_source_of_bound_matmul():
     cu = cuda_source(mod(MATMUL_HDR, MATMUL_BODY))
     assert cu.count('extern "C" __global__') >= 2 and "__launch_bounds__(8)" in cu
+
+
+def test_cuda_source_does_not_depend_on_the_host_code_generator():
+    import tvm
+
+    from steptp.backend.build import _device_source
+
+    f = parse_tvmscript(lower(mod(MATMUL_HDR, MATMUL_BODY), target="cuda"))
+    srcs = [_device_source(tvm.compile(f, target=cuda_target(host=h))) for h in ("c", "llvm")]
+    assert srcs[0] == srcs[1] and "__global__" in srcs[0]
 
 
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not on PATH")

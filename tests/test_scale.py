@@ -128,3 +128,35 @@ def test_reused_cuda_artifacts_equal_a_fresh_lowering(tmp_path):
         assert e["transformed"]["cuda"] == cuda_source(m)
         assert e["verification"]["equal"] and e["verification"]["nvcc"] == (shutil.which("nvcc") is not None)
     assert all(a["outcome"] == "equal" for a in rows(out / "attempts.jsonl"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_programs_batched_into_one_nvcc_run_give_the_same_bytes(tmp_path, monkeypatch):
+    """process_batch compiles the candidates of several programs in one nvcc run; the
+    files are those of one program per batch, with fewer nvcc runs."""
+    from steptp.backend import build as build_mod
+
+    calls = []
+    real = build_mod._run_nvcc
+    monkeypatch.setattr(build_mod, "_run_nvcc", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    sources = [str(EXAMPLES / n) for n in ("gelu.leir", "scale_bias.leir", "softmax.leir")]
+    opts = _opts(with_cuda=True, nvcc=True)
+    generate_dataset(sources, tmp_path / "b1", opts, progress=False, batch=1)
+    runs_one = len(calls)
+    calls.clear()
+    generate_dataset(sources, tmp_path / "b3", opts, progress=False, batch=3)
+    assert digests(tmp_path / "b3") == digests(tmp_path / "b1")
+    assert runs_one == 3 and len(calls) == 1
+    entries = rows(tmp_path / "b3" / "dictionary.jsonl")
+    assert {e["source"].rsplit("/", 1)[1] for e in entries} == {"gelu.leir", "scale_bias.leir", "softmax.leir"}
+    assert all(e["verification"]["nvcc"] and e["transformed"]["cuda"] for e in entries)
+
+
+def test_program_batches_keep_order_and_feed_every_worker():
+    from steptp.dataset.pipeline import program_batches
+
+    todo = list(range(20))
+    assert program_batches(todo, 1, 8) == [todo[0:8], todo[8:16], todo[16:20]]
+    assert program_batches(todo[:6], 2, 8) == [todo[0:3], todo[3:6]]  # both workers get work
+    assert program_batches(todo[:3], 4, 8) == [[0], [1], [2]]
+    assert program_batches([], 2, 8) == []

@@ -260,6 +260,9 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
             seed: int = typer.Option(0, "--seed"),
             rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: all shipped rules."),
             workers: int = typer.Option(1, "-j", "--workers", min=1, help="Parallel worker processes (spawn)."),
+            batch: int = typer.Option(8, "--batch", min=1,
+                                      help="Programs per worker task; their candidates share one nvcc run "
+                                           "(the output does not depend on it)."),
             per_rule: int = typer.Option(1, "--per-rule", min=1,
                                          help="Verified steps per program and rule: N candidates (sites x parameters) "
                                               "sampled with the seed."),
@@ -295,7 +298,8 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
 
     try:
         report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet,
-                                  use_ray=use_ray or ray_address is not None, ray_address=ray_address)
+                                  use_ray=use_ray or ray_address is not None, ray_address=ray_address,
+                                  batch=batch)
     except (DatasetError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     except RayUnavailable as e:

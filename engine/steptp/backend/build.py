@@ -53,11 +53,18 @@ def _tvm():
     return tvm
 
 
-def cuda_target(arch: str = DEFAULT_GPU.arch):
-    """``tvm.target.Target({"kind": "cuda", "arch": arch})`` (never the sm_50 default, notes §3.1)."""
+def cuda_target(arch: str = DEFAULT_GPU.arch, host: str = "c"):
+    """``tvm.target.Target({"kind": "cuda", "arch": arch}, host=host)`` (never the sm_50
+    default, notes §3.1).
+
+    The host side defaults to TVM's C code generator: here ``tvm.compile`` only produces the
+    device CUDA C (the host module is never run), the device source is byte-identical with
+    an ``llvm`` host, and the C host costs 14 ms per kernel against 33 ms for LLVM (tested;
+    measured on three example programs). Pass ``host="llvm"`` for a module that a GPU
+    machine will load and launch."""
     from tvm.target import Target  # noqa: PLC0415
 
-    return Target({"kind": "cuda", "arch": arch})
+    return Target({"kind": "cuda", "arch": arch}, host=host)
 
 
 def np_dtype(dtype: str) -> np.dtype:
@@ -100,10 +107,50 @@ def parse_tvmscript(text: str):
     return func
 
 
+class _DialectProxy:
+    """The ``T`` of TVMScript, except that ``T.prim_func(...)`` in a decorator is cheap.
+
+    The parser evaluates a function's decorator only for its ``dispatch_token`` (the
+    ``s_tir``/``private`` keywords are read from the syntax tree, tvm/tirx/script/parser/
+    parser.py ``find_decorator_annotation``), but the real ``T.prim_func(s_tir=True)`` calls
+    ``inspect.stack()``, which walks every frame and ``sys.modules``: half of a parse, and
+    more in deep call stacks (measured 50-65 ms -> 25 ms on a 48-line kernel). The result
+    is structurally identical (``tvm.ir.assert_structural_equal``; tested)."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    @staticmethod
+    def prim_func(*_args, **_kwargs):
+        def decorator(_func):  # never called: the parser only reads the token
+            raise TypeError("T.prim_func: decorator stub of the TVMScript text parser")
+
+        decorator.dispatch_token = "tirx"
+        return decorator
+
+
+_PARSE_GLOBALS: dict | None = None
+
+
+def _parse_globals() -> dict:
+    """``tvm.script``'s default parser globals with ``T``/``tir`` as :class:`_DialectProxy`."""
+    global _PARSE_GLOBALS
+    if _PARSE_GLOBALS is None:
+        from tvm.script.parser.core.entry import _default_globals  # noqa: PLC0415
+
+        g = dict(_default_globals())
+        g["T"] = g["tir"] = _DialectProxy(g["T"])
+        _PARSE_GLOBALS = g
+    return dict(_PARSE_GLOBALS)
+
+
 def _parse_tvmscript(text: str):
     tvm = _tvm()
     try:
-        obj = tvm.script.from_source(text)
+        obj = tvm.script.from_source(text, extra_vars=_parse_globals())
     except Exception as e:  # DiagnosticError, SyntaxError, ValueError ...
         raise BuildError(f"TVMScript does not parse: {short_tvm_error(e)}") from None
     if isinstance(obj, tvm.IRModule):
@@ -345,6 +392,14 @@ class NvccResult:
         return {"ok": self.ok, "status": self.status, "reason": self.reason, "batch": self.batch}
 
 
+#: Extra ``nvcc`` flags of the Build pass. ``-Xcicc -O0`` turns off the device front end's
+#: optimiser: the pass asks whether the CUDA C compiles to PTX for the target (paper §4,
+#: "Build pass"), which the EDG front end and ``ptxas`` (still run, at its default level)
+#: decide; the kernels are never timed from this PTX. Measured here: 27 example kernels in
+#: one ``.cu`` take 0.36 s instead of 1.19 s, one kernel 0.28 s instead of 0.38 s.
+NVCC_FLAGS: tuple[str, ...] = ("-Xcicc", "-O0")
+
+
 def _nvcc_errors(stderr: str, limit: int = 600) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errs = [ln for ln in lines if "error" in ln.lower()]
@@ -357,7 +412,7 @@ def _run_nvcc(cu: str, arch: str, workdir: str, tag: str, timeout_s: float) -> s
     src = os.path.join(workdir, f"{tag}.cu")
     with open(src, "w") as f:
         f.write(cu)
-    cmd = [nvcc_path() or "nvcc", "--ptx", f"-arch={arch}", "-o", os.path.join(workdir, f"{tag}.ptx"), src]
+    cmd = [nvcc_path() or "nvcc", "--ptx", f"-arch={arch}", *NVCC_FLAGS, "-o", os.path.join(workdir, f"{tag}.ptx"), src]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

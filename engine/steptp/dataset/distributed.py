@@ -1,8 +1,9 @@
 """``stp dataset --ray``: programs distributed over a Ray cluster.
 
-Each program is one Ray task running :func:`steptp.dataset.generate.process_safe` (the
-same function as the single-machine path); Ray reuses its worker processes across tasks,
-so each worker keeps its verification subprocess and caches for all the programs it gets.
+Each batch of programs is one Ray task running
+:func:`steptp.dataset.generate.process_batch_safe` (the same function as the single-machine
+path, so the batch shares its nvcc runs); Ray reuses its worker processes across tasks, so
+each worker keeps its verification subprocess and caches for all the programs it gets.
 Results come back to the driver, which records them **in input order** with the same
 crash-safe writers, so the output files are byte-identical to a single-machine run with the
 same inputs, options and seed, and an interrupted run resumes the same way (finished
@@ -21,7 +22,7 @@ import os
 from collections import deque
 from typing import Iterator, Sequence
 
-from .generate import Options, ProgramResult, process_safe
+from .generate import Options, ProgramResult, process_batch_safe
 from .sources import Source
 
 
@@ -59,34 +60,37 @@ def start_ray(address: str | None = None, num_cpus: int | None = None):
     return ray, True
 
 
-def ray_results(todo: Sequence[Source], opts: Options, address: str | None = None, in_flight: int = 4,
-                num_cpus: int | None = None) -> Iterator[ProgramResult]:
-    """Yield the :class:`ProgramResult` of every source in ``todo``, in order, computed as Ray
-    tasks (at most ``in_flight`` submitted ahead of the one being recorded).
+def ray_results(batches: Sequence[Sequence[Source]], opts: Options, address: str | None = None,
+                in_flight: int = 4, num_cpus: int | None = None) -> Iterator[ProgramResult]:
+    """Yield the :class:`ProgramResult` of every source of ``batches`` (lists of sources,
+    e.g. from :func:`steptp.dataset.pipeline.program_batches`), in order, one Ray task per
+    batch (at most ``in_flight`` submitted ahead of the one being recorded).
 
     ``address``/``num_cpus`` as in :func:`start_ray` (``num_cpus`` defaults to ``in_flight``
     // 2 for a local cluster). A task that dies (worker crash) is retried once by Ray and
-    otherwise becomes the program's error, like an internal error on one machine."""
+    otherwise becomes the error of each of its programs, like an internal error on one
+    machine."""
     ray, started = start_ray(address, num_cpus if num_cpus is not None else max(1, in_flight // 2))
-    remote = ray.remote(num_cpus=1, max_retries=1)(process_safe)
+    remote = ray.remote(num_cpus=1, max_retries=1)(process_batch_safe)
     try:
         pending: deque = deque()
-        it = iter(todo)
-        for src in it:
-            pending.append((src, remote.remote(src, opts)))
+        it = iter(batches)
+        for batch in it:
+            pending.append((batch, remote.remote(list(batch), opts)))
             if len(pending) >= in_flight:
                 break
         while pending:
-            src, ref = pending.popleft()
+            batch, ref = pending.popleft()
             try:
-                res = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - a lost task costs its program, not the run
-                res = ProgramResult(str(src.path), src.key, None, [], [],
-                                    error=f"internal error: Ray task failed: {type(e).__name__}: {e}")
+                results = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - a lost task costs its programs, not the run
+                results = [ProgramResult(str(src.path), src.key, None, [], [],
+                                         error=f"internal error: Ray task failed: {type(e).__name__}: {e}")
+                           for src in batch]
             nxt = next(it, None)
             if nxt is not None:
-                pending.append((nxt, remote.remote(nxt, opts)))
-            yield res
+                pending.append((nxt, remote.remote(list(nxt), opts)))
+            yield from results
     finally:
         if started:
             ray.shutdown()

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from .chat import multi_messages, single_messages
 from .difficulty import FilterPolicy, filter_multi_items, keep_single
-from .generate import Options, ProgramResult, process_safe
+from .generate import Options, ProgramResult, process_batch_safe
 from .resume import ResumeError, load_resume_state
 from .sources import discover
 from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
@@ -52,31 +52,47 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     return d
 
 
-def _local_results(todo: list, opts: Options, workers: int) -> Iterator[ProgramResult]:
+#: Programs per worker task: their candidates share one batched nvcc run (see
+#: :func:`steptp.dataset.generate.process_batch`); the output does not depend on it.
+BATCH_PROGRAMS = 8
+
+
+def program_batches(todo: list, workers: int, batch: int = BATCH_PROGRAMS) -> list[list]:
+    """``todo`` cut into consecutive batches of at most ``batch`` programs, smaller when
+    there are too few programs to keep ``workers`` processes busy (at least one each)."""
+    size = max(1, min(batch, -(-len(todo) // max(1, workers))))
+    return [todo[i:i + size] for i in range(0, len(todo), size)]
+
+
+def _local_results(todo: list, opts: Options, workers: int, batch: int = BATCH_PROGRAMS) -> Iterator[ProgramResult]:
     """Results of ``todo`` in input order: in this process, or in ``workers`` long-lived
-    spawn processes (each keeps its verification worker and caches for all its programs)."""
-    if workers <= 1 or len(todo) <= 1:
-        for src in todo:
-            yield process_safe(src, opts)
+    spawn processes (each keeps its verification worker and caches for all its programs).
+    Programs go in batches (:func:`program_batches`) that share their nvcc runs."""
+    batches = program_batches(todo, workers, batch)
+    if workers <= 1 or len(batches) <= 1:
+        for b in batches:
+            yield from process_batch_safe(b, opts)
         return
     ctx = mp.get_context("spawn")  # TVM's thread pool is not fork-safe (tvm notes §5)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futs = [pool.submit(process_safe, src, opts) for src in todo]
+        futs = [pool.submit(process_batch_safe, b, opts) for b in batches]
         for fut in futs:  # in input order: the files do not depend on timing
-            yield fut.result()
+            yield from fut.result()
 
 
 def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, policy: FilterPolicy | None = None,
                      workers: int = 1, progress: bool = True,
                      on_result: Callable[[ProgramResult], None] | None = None,
-                     ray_address: str | None = None, use_ray: bool = False) -> dict:
+                     ray_address: str | None = None, use_ray: bool = False, batch: int = BATCH_PROGRAMS) -> dict:
     """Generate (or resume) a dataset into ``outdir``; returns the report dict.
 
     Programs are recorded in input order whatever the worker count or back end, so
     ``dictionary.jsonl``, ``attempts.jsonl`` and the derived files are byte-identical
     for the same inputs, options and seed (``state.jsonl`` holds timings). ``use_ray``
     distributes programs over a Ray cluster (:mod:`steptp.dataset.distributed`; a local one
-    unless ``ray_address`` names one), ``workers`` then caps the programs in flight.
+    unless ``ray_address`` names one), ``workers`` then caps the batches in flight.
+    ``batch``: programs per worker task (:func:`program_batches`); a killed run loses at
+    most the batches in flight, which a rerun redoes.
 
     Raises :class:`DatasetError` when ``outdir`` holds a run made with other options, and
     ``FileNotFoundError``/``ValueError`` for bad inputs (before anything is written).
@@ -85,7 +101,7 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     sources = discover(inputs)
     out = Path(outdir)
     try:
-        return _generate(sources, out, opts, policy, workers, progress, on_result, use_ray, ray_address)
+        return _generate(sources, out, opts, policy, workers, progress, on_result, use_ray, ray_address, batch)
     except ResumeError as e:
         raise DatasetError(f"{e}; the output directory was left unchanged (use another -o or fix the file)") from None
     except OSError as e:
@@ -93,7 +109,8 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
 
 
 def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: int, progress: bool,
-              on_result, use_ray: bool = False, ray_address: str | None = None) -> dict:
+              on_result, use_ray: bool = False, ray_address: str | None = None,
+              batch: int = BATCH_PROGRAMS) -> dict:
     if out.exists() and not out.is_dir():
         raise DatasetError(f"{out}: exists and is not a directory")
     run_file = out / "run.json"
@@ -145,9 +162,10 @@ def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: 
         if use_ray:
             from .distributed import ray_results
 
-            results = ray_results(todo, opts, address=ray_address, in_flight=max(2, 2 * workers))
+            results = ray_results(program_batches(todo, workers, batch), opts, address=ray_address,
+                                  in_flight=max(2, 2 * workers))
         else:
-            results = _local_results(todo, opts, workers)
+            results = _local_results(todo, opts, workers, batch)
         for res in results:
             record(res)
     finally:
@@ -223,4 +241,4 @@ def _mean(xs) -> float:
     return round(sum(xs) / len(xs), 1) if xs else 0.0
 
 
-__all__ = ["DatasetError", "generate_dataset", "filtered_sets", "build_derived"]
+__all__ = ["BATCH_PROGRAMS", "DatasetError", "generate_dataset", "filtered_sets", "build_derived", "program_batches"]
