@@ -14,37 +14,16 @@ many-clause probe rule (four consecutive nests, 19 clauses) on both programs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 
 def run(rules, module, repeat: int) -> dict:
-    from steptp.engine import NoMatch, list_candidates
-    from steptp.engine import match as M
+    """:func:`steptp.rules.tools.match_cost` in candidates mode (sites x parameters)."""
+    from steptp.rules.tools import match_cost
 
-    m = M.shared_matcher()
-    m.add(rules)
-    totals, loads = [], []
-    per: dict[str, list[float]] = {r.id: [] for r in rules}
-    counts: dict[str, int] = {}
-    for _ in range(repeat):
-        M._SITES.clear()
-        m._unload()
-        t0 = time.perf_counter()
-        m._load(module)
-        loads.append(1e3 * (time.perf_counter() - t0))
-        for r in rules:
-            t1 = time.perf_counter()
-            try:
-                counts[r.id] = len(list_candidates(r, module))
-            except NoMatch:
-                counts[r.id] = 0
-            per[r.id].append(1e3 * (time.perf_counter() - t1))
-        totals.append(1e3 * (time.perf_counter() - t0))
-    return {"total": statistics.median(totals), "load": statistics.median(loads),
-            "rules": {k: statistics.median(v) for k, v in per.items()}, "counts": counts}
+    res = match_cost(rules, module, repeat, candidates=True)
+    return {"total": res["total_ms"], "load": res["load_ms"], "rules": res["rules"], "counts": res["counts"]}
 
 
 PROBE = """

@@ -382,6 +382,20 @@ def test_rules_lint_passes_and_reports_cost(tmp_path):
     assert "rule file(s) load and validate" in res.output and "scaled to 24 nests" in res.output
 
 
+def test_match_cost_counts_sites_or_candidates():
+    from steptp.engine import find_sites, list_candidates
+    from steptp.rules import load_rule
+    from steptp.rules.tools import match_cost
+
+    m = load_leir(EXAMPLES / "softmax.leir")
+    rule = load_rule(ROOT / "rules" / "loop_split.yaml")
+    sites = match_cost([rule], m, repeat=1)
+    cands = match_cost([rule], m, repeat=1, candidates=True)
+    assert sites["counts"]["loop_split"] == len(find_sites(rule, m)) > 0
+    assert cands["counts"]["loop_split"] == len(list_candidates(rule, m)) > sites["counts"]["loop_split"]
+    assert cands["total_ms"] >= cands["load_ms"] and cands["rules"]["loop_split"] > 0
+
+
 def test_rules_lint_warns_about_a_slow_rule(tmp_path):
     p = tmp_path / "slowish.yaml"
     p.write_text(textwrap.dedent("""

@@ -160,3 +160,20 @@ def test_program_batches_keep_order_and_feed_every_worker():
     assert program_batches(todo[:6], 2, 8) == [todo[0:3], todo[3:6]]  # both workers get work
     assert program_batches(todo[:3], 4, 8) == [[0], [1], [2]]
     assert program_batches([], 2, 8) == []
+
+
+def test_unreachable_ray_address_fails_fast_and_writes_nothing(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ray-out"
+    t0 = time.monotonic()
+    res = runner.invoke(app, ["dataset", str(EXAMPLES / "gelu.leir"), "-o", str(out), "-q",
+                              "--ray-address", f"ray://127.0.0.1:{port}"])
+    assert res.exit_code == 1 and f"cannot reach the Ray cluster at ray://127.0.0.1:{port}" in res.output
+    assert time.monotonic() - t0 < 30 and not out.exists()
+    res = runner.invoke(app, ["dataset", str(EXAMPLES / "gelu.leir"), "-o", str(out), "-q", "--ray-address", "nohost"])
+    assert res.exit_code == 1 and "bad Ray cluster address 'nohost'" in res.output and not out.exists()

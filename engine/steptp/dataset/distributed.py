@@ -19,6 +19,7 @@ Source: Ray Core API (``ray.init``, ``ray.remote``, ``ray.get``, ``ray.shutdown`
 from __future__ import annotations
 
 import os
+import socket
 from collections import deque
 from typing import Iterator, Sequence
 
@@ -38,6 +39,25 @@ def _ray():
     return ray
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Raise :class:`RayUnavailable` unless a TCP connection to the cluster ``address``
+    (``ray://host:port`` or ``host:port``) opens within ``timeout_s`` seconds.
+
+    ``ray.init`` keeps retrying an unreachable head node for minutes, so the address is
+    probed first; ``auto`` (an address Ray looks up locally) is not probed."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise RayUnavailable(f"bad Ray cluster address {address!r}: expected ray://HOST:PORT, HOST:PORT or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise RayUnavailable(f"cannot reach the Ray cluster at {address}: "
+                             f"{e.strerror or type(e).__name__} (waited at most {timeout_s:.0f} s)") from None
+
+
 def start_ray(address: str | None = None, num_cpus: int | None = None):
     """Connect to the cluster at ``address`` or start a local one with ``num_cpus`` CPUs.
 
@@ -47,6 +67,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None):
     ray = _ray()
     if ray.is_initialized():
         return ray, False
+    if address:
+        check_reachable(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     kwargs = dict(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
@@ -96,4 +118,4 @@ def ray_results(batches: Sequence[Sequence[Source]], opts: Options, address: str
             ray.shutdown()
 
 
-__all__ = ["RayUnavailable", "start_ray", "ray_results"]
+__all__ = ["RayUnavailable", "check_reachable", "start_ray", "ray_results"]

@@ -94,11 +94,17 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     ``batch``: programs per worker task (:func:`program_batches`); a killed run loses at
     most the batches in flight, which a rerun redoes.
 
-    Raises :class:`DatasetError` when ``outdir`` holds a run made with other options, and
-    ``FileNotFoundError``/``ValueError`` for bad inputs (before anything is written).
+    Raises :class:`DatasetError` when ``outdir`` holds a run made with other options,
+    ``FileNotFoundError``/``ValueError`` for bad inputs and
+    :class:`steptp.dataset.distributed.RayUnavailable` for an unreachable ``ray_address``
+    (all before anything is written).
     """
     policy = policy or FilterPolicy(seed=opts.seed)
     sources = discover(inputs)
+    if use_ray and ray_address:
+        from .distributed import check_reachable
+
+        check_reachable(ray_address)  # before anything is written
     out = Path(outdir)
     try:
         return _generate(sources, out, opts, policy, workers, progress, on_result, use_ray, ray_address, batch)

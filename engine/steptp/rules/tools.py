@@ -137,29 +137,52 @@ def scaled_to(module: LeirModule, nests: int) -> LeirModule:
 # ---------------------------------------------------------------------------
 
 
-def match_cost(rules, module: LeirModule, repeat: int = 3) -> dict:
+def match_cost(rules, module: LeirModule, repeat: int = 3, candidates: bool = False) -> dict:
     """Median wall time (ms) over ``repeat`` runs to list the sites of every rule on
     ``module``, each run from a fresh program load: ``{"load_ms", "rules": {id: ms},
-    "total_ms"}``. ``load_ms`` (inserting the facts and saturating the analysis strata) is
-    shared by all rules; ``rules`` is each rule's own schedule plus its ``{check:}``
-    clauses and the decoding of its rows."""
-    from ..engine.match import Matcher
+    "total_ms", "counts": {id: n}}``. ``load_ms`` (inserting the facts and saturating the
+    analysis strata) is shared by all rules; ``rules`` is each rule's own schedule plus its
+    ``{check:}`` clauses and the decoding of its rows.
 
-    m = Matcher(rules)
+    ``candidates=True`` times what the dataset pays instead: ``list_candidates`` (sites x
+    parameters, through the process-wide matcher and its site cache, emptied before each
+    run), and ``counts`` are candidates rather than sites."""
+    from ..engine import match as M
+
+    if candidates:
+        from ..engine import NoMatch, list_candidates
+
+        m = M.shared_matcher()
+        m.add(rules)
+
+        def count(rule) -> int:
+            try:
+                return len(list_candidates(rule, module))
+            except NoMatch:
+                return 0
+    else:
+        m = M.Matcher(rules)
+
+        def count(rule) -> int:
+            return len(m.sites_of(rule, module))
+
     loads, totals = [], []
     per: dict[str, list[float]] = {r.id: [] for r in rules}
+    counts: dict[str, int] = {}
     for _ in range(repeat):
+        if candidates:
+            M._SITES.clear()
         m._unload()
         t0 = time.perf_counter()
         m._load(module)
         loads.append(1e3 * (time.perf_counter() - t0))
         for r in rules:
             t1 = time.perf_counter()
-            m.sites_of(r, module)
+            counts[r.id] = count(r)
             per[r.id].append(1e3 * (time.perf_counter() - t1))
         totals.append(1e3 * (time.perf_counter() - t0))
     return {"load_ms": statistics.median(loads), "rules": {k: statistics.median(v) for k, v in per.items()},
-            "total_ms": statistics.median(totals)}
+            "total_ms": statistics.median(totals), "counts": counts}
 
 
 @dataclass
