@@ -423,7 +423,9 @@ def default_runner() -> IsolatedRunner:
 
 
 def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig: Signature,
-             inputs: list[dict], cuda_text: str | None) -> list[dict]:
+             inputs: list[dict], cuda_text: str | None) -> tuple[list[dict], str | None]:
+    """Outputs per trial and the CUDA source of ``cuda_text`` (when given), computed by
+    :func:`steptp.backend.build.run_lowered` here or in ``runner``."""
     poison = poison_outputs(sig)
     inputs = [{**x, **poison} for x in inputs]
     if runner is None:
@@ -431,31 +433,26 @@ def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
 
 
-def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool, limits: GpuLimits,
-             artifacts: dict | None = None) -> tuple[str, str | None]:
-    """Lower for CPU (and CUDA when ``gpu_check``); raises Lowering/Preflight/BuildError.
+def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool, limits: GpuLimits) -> tuple[str, str | None, str | None]:
+    """Lower for CPU (verification form) and, with ``gpu_check``, run the GPU preflight and
+    lower the GPU form; raises Lowering/Preflight/BuildError.
 
-    Returns the CPU TVMScript and the CUDA TVMScript that the runner still has to compile
-    (``None`` when there is none, or when CUDA code generation already ran here: with
-    ``artifacts`` or nvcc, it runs once in this process and the CUDA source is reused)."""
+    Returns ``(cpu_text, cuda_text, cuda_source)``. With nvcc (``nvcc`` and on the PATH) the
+    CUDA source is generated and compiled here, before anything runs (the Build pass comes
+    before Exec); otherwise ``cuda_source`` is None and the runner generates it from the
+    same parse as the CPU build (:func:`steptp.backend.build.run_lowered`)."""
     low = lower_module(module, None, "cpu", poison=True)
-    cuda_text = None
-    if gpu_check:
-        preflight(module, None, limits)
-        cuda_text = lower_module(module, None, "cuda").text
-        use_nvcc = nvcc and nvcc_path() is not None
-        if artifacts is not None or use_nvcc:
-            if artifacts is not None:
-                artifacts["tir_cuda"] = cuda_text
-            cuda_src = compile_cuda_text(cuda_text, limits.arch)
-            if artifacts is not None:
-                artifacts["cuda"] = cuda_src
-            if use_nvcc:
-                r = nvcc_check([cuda_src], limits)[0]
-                if r.ok is False:
-                    raise BuildError(f"{r.status}: {r.reason}")
-            cuda_text = None
-    return low.text, cuda_text
+    if not gpu_check:
+        return low.text, None, None
+    preflight(module, None, limits)
+    cuda_text = lower_module(module, None, "cuda").text
+    if not (nvcc and nvcc_path() is not None):
+        return low.text, cuda_text, None
+    cuda_src = compile_cuda_text(cuda_text, limits.arch)
+    r = nvcc_check([cuda_src], limits)[0]
+    if r.ok is False:
+        raise BuildError(f"{r.status}: {r.reason}")
+    return low.text, cuda_text, cuda_src
 
 
 _REF_CACHE: "OrderedDict[tuple, tuple[list[dict], list[dict]]]" = OrderedDict()
@@ -530,9 +527,11 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
 
     * ``artifacts``: a dict that receives the transformed program's ``tir_cuda`` (GPU
       TVMScript) and ``cuda`` (CUDA C source) when they were produced (``gpu_check``), so a
-      caller need not lower and generate them again; CUDA code generation then runs in
-      this process, not in the runner (a caller batching ``nvcc`` over many candidates
-      passes ``nvcc=False`` and compiles ``artifacts["cuda"]`` itself).
+      caller need not lower and generate them again. Without nvcc the CUDA source is
+      generated where the CPU build runs (the runner, when isolated), from the same parse;
+      a caller batching ``nvcc`` over many candidates passes ``nvcc=False`` and compiles
+      the ``tir_cuda`` texts with :func:`steptp.backend.build.nvcc_check` in that same
+      process (its parse memo then holds them).
 
     If the original itself fails, every flag after Diff is False and ``reason`` starts with
     ``original program failed``. Never raises for a bad candidate; raises ``ValueError``
@@ -570,8 +569,8 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
         else:
             inputs = [dict(input_fn(seed, k)) for k in range(trials)]
         try:
-            text, _ = _prepare(original, False, False, limits)
-            refs = _execute(run, timeout_s, text, sig, inputs, None)
+            text, _, _ = _prepare(original, False, False, limits)
+            refs, _ = _execute(run, timeout_s, text, sig, inputs, None)
         except BackendError as e:
             res.reason = f"original program failed ({_stage_word(e)}): {e.reason}"
             return res
@@ -596,8 +595,11 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
         res.reason = f"build: {too_big}"
         return res
     try:
-        cpu_text, cuda_text = _prepare(module, gpu_check, nvcc, limits, artifacts)
-        outs = _execute(run, timeout_s, cpu_text, module.signature, inputs, cuda_text)
+        cpu_text, cuda_text, cuda_src = _prepare(module, gpu_check, nvcc, limits)
+        outs, generated = _execute(run, timeout_s, cpu_text, module.signature, inputs,
+                                   cuda_text if cuda_src is None else None)
+        if artifacts is not None and cuda_text is not None:
+            artifacts["tir_cuda"], artifacts["cuda"] = cuda_text, cuda_src or generated
     except (LoweringError, BuildError) as e:
         res.reason = f"build: {_stage_word(e)}: {e.reason}" if e.stage != "build" else f"build: {e.reason}"
         return res

@@ -87,13 +87,13 @@ def is_tvmscript(text: str) -> bool:
 
 
 _PARSED: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
-_PARSED_SIZE = 64  # a candidate's CPU and CUDA texts are parsed by verify, codegen and nvcc batching
+_PARSED_SIZE = 512  # CPU and GPU forms of the candidates pending a batched nvcc run (8 programs x 43 rules)
 
 
 def parse_tvmscript(text: str):
     """``tvm.script.from_source(text)`` -> the ``main`` PrimFunc (or the only one).
 
-    Parsing costs 10-150 ms, so the last 64 results are memoised by text (PrimFuncs are
+    Parsing costs 10-150 ms, so the last 512 results are memoised by text (PrimFuncs are
     immutable; ``with_attr`` returns a copy). Raises :class:`BuildError` with TVM's
     diagnostic line when the text does not parse or fails TVM's well-formedness check."""
     hit = _PARSED.get(text)
@@ -101,10 +101,15 @@ def parse_tvmscript(text: str):
         _PARSED.move_to_end(text)
         return hit
     func = _parse_tvmscript(text)
+    _remember(text, func)
+    return func
+
+
+def _remember(text: str, func) -> None:
     _PARSED[text] = func
+    _PARSED.move_to_end(text)
     while len(_PARSED) > _PARSED_SIZE:
         _PARSED.popitem(last=False)
-    return func
 
 
 class _DialectProxy:
@@ -313,20 +318,82 @@ def run_cpu(module, arrays: Mapping[str, np.ndarray], signature: Signature | Non
 
 
 def run_lowered(cpu_text: str, signature: Signature, input_sets: Sequence[Mapping[str, np.ndarray]],
-                cuda_text: str | None = None, arch: str = DEFAULT_GPU.arch) -> list[dict[str, np.ndarray]]:
-    """Build ``cpu_text`` (and, if given, compile ``cuda_text`` for CUDA as a build check),
-    then run the CPU kernel once per input set. The unit of work of :class:`IsolatedRunner`
-    in :mod:`steptp.verify`. Raises :class:`BuildError` / :class:`ExecError`."""
-    k = build_cpu(cpu_text, signature)
+                cuda_text: str | None = None, arch: str = DEFAULT_GPU.arch
+                ) -> tuple[list[dict[str, np.ndarray]], str | None]:
+    """Build ``cpu_text`` and run the CPU kernel once per input set; with ``cuda_text``
+    (the GPU form of the same lowering) first generate its CUDA C source. Returns
+    ``(outputs per input set, CUDA source or None)``. The unit of work of
+    :class:`IsolatedRunner` in :mod:`steptp.verify`.
+
+    When ``cpu_text`` is a verification form (``lower_module(..., poison=True)``) the GPU
+    form is derived from its parse (:func:`gpu_form`) and memoised under ``cuda_text``, so
+    one TVMScript parse serves the CPU build, the CUDA code generation and a later batched
+    :func:`nvcc_check` of ``cuda_text`` in the same process. Raises :class:`BuildError` /
+    :class:`ExecError`."""
+    cuda_src = None
     if cuda_text is not None:
-        compile_cuda_text(cuda_text, arch)
+        adopt_gpu_form(cpu_text, cuda_text)
+        cuda_src = compile_cuda_text(cuda_text, arch)
+    k = build_cpu(cpu_text, signature)
     outs = []
     for i, x in enumerate(input_sets):
         try:
             outs.append(k(x))
         except ExecError as e:
             raise ExecError(f"trial {i}: {e.reason}") from None
-    return outs
+    return outs, cuda_src
+
+
+def gpu_form(func):
+    """The GPU-form PrimFunc of a parsed verification-form one: poison fill blocks (marked
+    :data:`~steptp.backend.tvmscript.POISON_MARK`) removed and serial loops marked
+    :data:`~steptp.backend.tvmscript.THREAD_MARK` bound to their thread
+    (``ForKind.THREAD_BINDING`` with an ``IterVar(None, Var("iter"), ThreadIndex, tag)``, as
+    ``T.thread_binding`` parses). For a program lowered both ways the result is
+    structurally equal to parsing ``lower_module(..., "cuda").text`` (tested over the
+    examples and the rules' self-tests). Source: ``tvm_ffi.structural_map`` (notes §2.1,
+    the reverse of its ``unbind_threads``)."""
+    import tvm_ffi  # noqa: PLC0415
+    from tvm import tirx  # noqa: PLC0415
+
+    from .tvmscript import POISON_MARK, THREAD_MARK  # noqa: PLC0415
+
+    def bind(loop):
+        tag = loop.annotations.get(THREAD_MARK)
+        if tag is None:
+            return loop
+        ann = {k: v for k, v in loop.annotations.items() if k != THREAD_MARK}
+        iv = tirx.IterVar(None, tirx.Var("iter", loop.loop_var.ty), tirx.IterVar.ThreadIndex, str(tag))
+        return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.THREAD_BINDING, loop.body, iv, ann,
+                        loop.step, loop.span)
+
+    def is_poison(stmt) -> bool:
+        while isinstance(stmt, tirx.For):
+            stmt = stmt.body
+        block = getattr(stmt, "block", None)
+        return block is not None and POISON_MARK in block.annotations
+
+    def unpoison(seq):
+        keep = [x for x in seq.seq if not is_poison(x)]
+        if len(keep) == len(seq.seq):
+            return seq
+        return keep[0] if len(keep) == 1 else tirx.SeqStmt(keep)
+
+    return tvm_ffi.structural_map(func, [(tirx.For, bind), (tirx.SeqStmt, unpoison)])
+
+
+def adopt_gpu_form(cpu_text: str, cuda_text: str) -> bool:
+    """Memoise :func:`gpu_form` of ``cpu_text``'s parse as the parse of ``cuda_text`` (no
+    second parse). Only for a ``cpu_text`` that carries the verification marks; returns
+    whether it did (otherwise ``cuda_text`` is parsed when first needed)."""
+    from .tvmscript import THREAD_MARK  # noqa: PLC0415
+
+    if cuda_text in _PARSED:
+        return True
+    if THREAD_MARK not in cpu_text:
+        return False
+    _remember(cuda_text, gpu_form(parse_tvmscript(cpu_text)))
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -669,5 +736,5 @@ class IsolatedRunner:
 
 
 __all__ = ["CPU_TARGET", "cuda_target", "np_dtype", "is_tvmscript", "parse_tvmscript", "ParamSpec", "CpuKernel",
-           "build_cpu", "run_cpu", "run_lowered", "compile_cuda_text", "cuda_source", "nvcc_path", "NvccResult",
+           "build_cpu", "run_cpu", "run_lowered", "gpu_form", "adopt_gpu_form", "compile_cuda_text", "cuda_source", "nvcc_path", "NvccResult",
            "nvcc_check", "IsolatedRunner"]

@@ -52,9 +52,9 @@ Decisions (all follow the LEIR semantics of :mod:`steptp.leir.analysis`):
   semantics), ``T.floor(a/b)`` and ``a - T.floor(a/b)*b`` on floats; ``**`` -> ``T.pow``;
   ``exp log sqrt abs erf tanh max min`` -> ``T.*``; ``if_then_else`` -> ``T.if_then_else``
   (lazy: the unselected branch is not evaluated, so guarded reads are safe); conditions use
-  ``< <= > >= == !=`` and ``and``/``or``/``not``. fp16 ``erf`` on the CPU path is
-  computed as ``T.Cast(dt, T.erf(T.Cast("float32", x)))`` (LLVM has no fp16 erf, notes §2);
-  bfloat16 math functions, ``**`` and floor are computed the same way on every target (TVM
+  ``< <= > >= == !=`` and ``and``/``or``/``not``. fp16 ``erf`` is computed as
+  ``T.Cast(dt, T.erf(T.Cast("float32", x)))`` on every target (LLVM has no fp16 erf,
+  notes §2, and the two forms must differ only in thread bindings); bfloat16 math functions, ``**`` and floor are computed the same way on every target (TVM
   0.27 rejects ``T.pow`` & co. on bfloat16), i.e. in float32 rounded once to bfloat16,
   which is what PyTorch does for bfloat16 ops.
 * **Names.** Buffers keep their LEIR names, loop variables too (block iterators get a
@@ -232,6 +232,14 @@ POISON_BITS = {"float16": ("uint16", 0x7E5D), "bfloat16": ("uint16", 0x7FDD), "f
                "float64": ("uint64", 0x7FF8DEADBEEFDEAD)}
 
 
+#: Annotations of the verification form (``poison=True``), never in stored TIR: a bound
+#: loop, serial on the CPU, carries its thread tag; a poison fill block carries a marker.
+#: :func:`steptp.backend.build.gpu_form` turns the parsed verification form into the GPU
+#: form with them (one TVMScript parse per candidate instead of two).
+THREAD_MARK = "stp.thread_binding"
+POISON_MARK = "stp.poison"
+
+
 class _Emitter:
     poison = False
 
@@ -357,7 +365,9 @@ class _Emitter:
         f = e.func
         if f in ("exp", "log", "sqrt", "tanh", "erf"):
             x = self.emit(e.args[0], r)
-            if r == "bfloat16" or (f == "erf" and self.target == "cpu" and r == "float16"):
+            # bf16 math, and fp16 erf (no LLVM intrinsic), compute in f32 on every target, so the
+            # CPU and GPU forms differ only in thread bindings (see build.gpu_form)
+            if r == "bfloat16" or (f == "erf" and r == "float16"):
                 return f'T.Cast("{r}", T.{f}(T.Cast("float32", {_strip(x)})))'
             return f"T.{f}({_strip(x)})"
         if f == "abs":
@@ -404,6 +414,8 @@ class _Emitter:
         if l.kind == "B":
             if self.target == "cuda":
                 return f'for {v} in T.thread_binding({l.extent}, thread="{l.thread_tag}"):'
+            if self.poison:  # verification form: the GPU form is derived from it (build.gpu_form)
+                return f'for {v} in T.serial({l.extent}, annotations={{"{THREAD_MARK}": "{l.thread_tag}"}}):'
             return f"for {v} in range({l.extent}):"
         return f"for {v} in {_LOOP_FUNCS[l.kind]}({l.extent}):"
 
@@ -471,6 +483,7 @@ class _Emitter:
             self.out(d, f"for _pz{i} in range({n}):")
             d += 1
         self.out(d, f'with T.sblock("{self.block_name(name + "_poison")}"):')
+        self.out(d + 1, f'T.sblock_attr({{"{POISON_MARK}": 1}})')
         ivs = [f"v__pz{i}" for i in range(len(shape))]
         if len(loops) == 1:
             self.out(d + 1, f"{ivs[0]} = T.axis.spatial({shape[0]}, _pz0)")
@@ -573,8 +586,10 @@ def lower_module(module_or_program, signature: Signature | None = None, target: 
     Raises :class:`LoweringError` for LEIR semantic errors (shapes, bounds, dtype clashes,
     from :func:`steptp.leir.analysis.analyze`), unsupported dtypes/constructs, a tensor used
     with two storage scopes, and loop hazards (:func:`steptp.backend.preflight.loop_hazards`).
-    ``poison=True`` (verification builds) first fills every floating-point intermediate
-    with the NaN pattern :data:`POISON_BITS` of its dtype.
+    ``poison=True`` (verification builds, CPU target) first fills every floating-point
+    intermediate with the NaN pattern :data:`POISON_BITS` of its dtype, and marks bound
+    loops and fill blocks (:data:`THREAD_MARK`, :data:`POISON_MARK`) so that the GPU form
+    can be derived from the parsed result (:func:`steptp.backend.build.gpu_form`).
     """
     if target not in TARGETS:
         raise LoweringError(f"unknown target {target!r}; expected one of {TARGETS}")
@@ -613,7 +628,7 @@ def lower(module_or_program, signature: Signature | None = None, target: str = "
     * ``module_or_program``: :class:`~steptp.leir.fileformat.LeirModule`, ``.leir`` text
       with a signature header, or a :class:`~steptp.leir.ast.Program` (then ``signature``
       is required; it also overrides a module's own signature).
-    * ``target``: ``"cpu"`` (bound loops become serial, fp16 erf workaround) or ``"cuda"``
+    * ``target``: ``"cpu"`` (bound loops become serial) or ``"cuda"``
       (``T.thread_binding``).
     * The function's parameters are the signature's known tensors in header order, as
       ``T.Buffer(shape, dtype)``; outputs are written in place.
@@ -625,4 +640,4 @@ def lower(module_or_program, signature: Signature | None = None, target: str = "
 
 
 __all__ = ["TARGETS", "SUPPORTED_DTYPES", "Lowered", "lower", "lower_module", "tvm_dtype", "promote", "resolve",
-           "const", "WEAK_INT", "WEAK_FLOAT"]
+           "const", "WEAK_INT", "WEAK_FLOAT", "THREAD_MARK", "POISON_MARK"]

@@ -218,15 +218,24 @@ class _RuleRun:
         return progressed
 
 
-def _nvcc_round(runs: list[_RuleRun]) -> None:
+def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
     """One batched nvcc run (one IRModule, one .cu) over every pending candidate of the
-    program; a failing batch is bisected by :func:`steptp.backend.nvcc_check`."""
+    batch; a failing batch is bisected by :func:`steptp.backend.nvcc_check`. It runs in the
+    verification worker, whose parse memo already holds the candidates' GPU forms (a crashed
+    or timed-out worker: here, parsing them again)."""
     from ..backend import nvcc_check
 
     pending = [(r, item) for r in runs for item in r.pending]
     if not pending:
         return
-    results = nvcc_check([item[2]["tir_cuda"] for _, item in pending], batch=True)
+    texts = [item[2]["tir_cuda"] for _, item in pending]
+    runner = _runner(opts)
+    try:
+        if runner is None:
+            raise RuntimeError("in process")
+        results = runner.call(nvcc_check, texts, batch=True, timeout_s=max(opts.timeout_s, 600.0))
+    except Exception:  # noqa: BLE001 - the same check, without the worker's memo
+        results = nvcc_check(texts, batch=True)
     for (run, (step, res, art, slot)), nv in zip(pending, results):
         if nv.ok is False:
             reason = f"build: {nv.status}: {nv.reason}"
@@ -302,7 +311,7 @@ def process_batch(srcs: list[Source], opts: Options) -> list[ProgramResult]:
         if defer:
             waiting = [p for p in progs if any(r.pending for r in p.runs)]
             t0 = time.perf_counter()
-            _nvcc_round([r for p in waiting for r in p.runs])
+            _nvcc_round([r for p in waiting for r in p.runs], opts)
             for p in waiting:
                 p.seconds += (time.perf_counter() - t0) / len(waiting)
         if not any_progress:
