@@ -25,6 +25,7 @@ from steptp.leir import ast as A
 from steptp.leir import format_program, load_leir, parse_expr, parse_leir, parse_program
 from steptp.leir.printer import format_expr, format_nest
 from steptp.rules import load_rule_text, load_rules
+from steptp.verify import verify_pair
 
 RULES = {r.id: r for r in load_rules()}
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.leir"))
@@ -264,6 +265,24 @@ def test_loop_reorder_candidates_and_vector_loops_stay_innermost():
     assert len(list_candidates(RULES["loop_reorder"], m)) == 5       # 3! - identity
     assert permutations((A.Loop("L", 2, "a"), A.Loop("L", 2, "c"), A.Loop("V", 4, "d")),
                         keep_innermost_kinds=["V"]) == [(1, 0, 2)]
+    loops = tuple(A.Loop("L", 2, v) for v in "abcd") + (A.Loop("V", 4, "e"),)
+    assert permutations(loops, keep_innermost_kinds=["V"], innermost=2) == [(0, 1, 3, 2, 4)]
+    assert len(permutations(loops, innermost=3)) == 5 and all(p[:2] == (0, 1) for p in permutations(loops, innermost=3))
+
+
+def test_loop_reorder_on_a_nine_loop_nest_permutes_the_innermost_seven():
+    """A 3-D convolution nest has 9 loops (9! orders, above the domain limit): loop_reorder
+    keeps the two outer loops and still yields every order of the inner seven."""
+    loops = "".join(f"L^{{2}}_{{{v}=0}}" for v in "acdefghi")
+    m = parse_leir("% program: deep\n% input A: f32[2,2,2,2,2,2,2,2,2]\n% output C: f32[2]\n"
+                   f"B^{{2}}_{{tx=0}}{loops}[C^{{f32,g}}_{{tx}}=C^{{f32,g}}_{{tx}}+A^{{f32,g}}_{{tx,a,c,d,e,f,g,h,i}};];")
+    cands = list_candidates(RULES["loop_reorder"], m)
+    assert len(cands) == 5039                                           # 7! - identity
+    assert all(p["order"][:2] == (0, 1) for _, p in cands)
+    step = apply_rule(RULES["loop_reorder"], m, site=cands[0][0], params={"order": (0, 1, 2, 3, 4, 5, 6, 8, 7)})
+    assert format_program(step.after.program).startswith("B^{2}_{tx=0}L^{2}_{a=0}L^{2}_{c=0}L^{2}_{d=0}L^{2}_{e=0}"
+                                                          "L^{2}_{f=0}L^{2}_{g=0}L^{2}_{i=0}L^{2}_{h=0}[")
+    assert verify_pair(m, step.after, trials=3).equal
 
 
 def test_find_sites_many_equals_single_rule_matching():

@@ -8,7 +8,7 @@ Four families, each usable by any rule:
   (never collide with a name of the program or its signature, nor with reserved words).
 * **Parameter domains** (``params:`` in YAML) - :data:`DOMAINS`: ``divisors_of``,
   ``choice``, ``range``, ``permutations_of`` with the modifiers ``exclude``,
-  ``exclude_identity``, ``keep_innermost_kinds``; and the value functions usable in
+  ``exclude_identity``, ``keep_innermost_kinds``, ``innermost``; and the value functions usable in
   ``let:``/``params:`` expressions (the registry :data:`VALUE_FUNCTIONS` and its
   evaluator; the functions themselves are defined in :mod:`steptp.engine.values`).
 * **Rewrite primitives** (``rewrite:`` in YAML) - :data:`PRIMITIVES`: ``replace``,
@@ -530,11 +530,15 @@ def divisors(n: int, exclude: Iterable = ()) -> list[int]:
     return [x for x in small + large[::-1] if x not in ex]
 
 
-def permutations(items: tuple, exclude_identity: bool = True, keep_innermost_kinds: Iterable[str] = ()) -> list:
+def permutations(items: tuple, exclude_identity: bool = True, keep_innermost_kinds: Iterable[str] = (),
+                 innermost: int | None = None) -> list:
     """Permutations of ``range(len(items))`` as index tuples (lexicographic order).
 
     ``keep_innermost_kinds``: loops of these kinds (e.g. ``V``) must stay at the
     innermost positions they occupy (vectorized loops stay innermost).
+    ``innermost``: only the innermost ``innermost`` movable items are permuted; the outer
+    ones keep their places (a 9-loop 3-D convolution nest has 9! = 362,880 orders; with
+    ``innermost: 7`` it has 7! = 5,040).
     """
     n = len(items)
     keep = set(keep_innermost_kinds)
@@ -546,9 +550,12 @@ def permutations(items: tuple, exclude_identity: bool = True, keep_innermost_kin
             else:
                 break
     free = [i for i in range(n) if i not in fixed]
+    outer: list[int] = []
+    if innermost is not None and len(free) > innermost:
+        outer, free = free[:len(free) - innermost], free[len(free) - innermost:]
     out = []
     for perm in itertools.permutations(free):
-        full = tuple(perm) + tuple(sorted(fixed))
+        full = tuple(outer) + tuple(perm) + tuple(sorted(fixed))
         if exclude_identity and full == tuple(range(n)):
             continue
         out.append(full)
@@ -574,14 +581,19 @@ def _domain_values(spec: dict, ctx: EvalContext) -> list:
         vals = list(range(lo, hi + 1))
     elif "permutations_of" in spec:
         items = eval_value(spec["permutations_of"], ctx)
+        inner = spec.get("innermost")
+        if inner is not None and (not isinstance(inner, int) or isinstance(inner, bool) or inner < 1):
+            raise ValueExprError(f"innermost must be a positive integer, got {inner!r}")
         if isinstance(items, int):
-            if items > 9:
+            if min(items, inner or items) > 9:
                 raise ValueExprError(f"permutations of {items} items exceed the limit {MAX_DOMAIN_VALUES}")
             items = tuple(range(items))
-        if math.factorial(len(tuple(items))) > MAX_DOMAIN_VALUES:
-            raise ValueExprError(f"permutations of {len(tuple(items))} items exceed the limit {MAX_DOMAIN_VALUES}")
+        moved = min(len(tuple(items)), inner or len(tuple(items)))
+        if math.factorial(moved) > MAX_DOMAIN_VALUES:
+            raise ValueExprError(f"permutations of {moved} items exceed the limit {MAX_DOMAIN_VALUES} "
+                                 "(the innermost: modifier permutes only the innermost N)")
         vals = permutations(tuple(items), bool(spec.get("exclude_identity", True)),
-                            spec.get("keep_innermost_kinds", ()))
+                            spec.get("keep_innermost_kinds", ()), inner)
     else:
         from .filters import EXTRA_DOMAINS  # Python-computed domains (e.g. steptp.engine.mathprims)
 
@@ -612,7 +624,7 @@ def _norm(v):
 
 #: Domain keys the YAML may use (``params.<name>.<key>``).
 DOMAINS = ("divisors_of", "choice", "range", "permutations_of")
-DOMAIN_MODIFIERS = ("exclude", "exclude_identity", "keep_innermost_kinds", "require")
+DOMAIN_MODIFIERS = ("exclude", "exclude_identity", "keep_innermost_kinds", "innermost", "require")
 
 
 def domain_values(spec: dict, ctx: EvalContext, name: str | None = None) -> list:

@@ -24,7 +24,8 @@ Families:
   ``set_extent``, ``loops_used_by``, ``loops_unused_by``.
 * **Terms and subscripts**: ``subscripts_of``, ``free_indices``, ``index_only_in``,
   ``tensor_name``, ``tensors_of``, ``subst_index``, ``shifted``, ``renamed``,
-  ``reads_only``, ``index_outside``, ``plain_in``, ``has_bound_index``, ``target_of``.
+  ``reads_only``, ``index_outside``, ``plain_in``, ``plain_subscript``, ``has_bound_index``,
+  ``target_of``.
 * **Shapes and layouts**: ``shape_of``, ``rank_of``, ``flattened``, ``split_entry``,
   ``dim_has_bound_index``.
 * **Counts**: ``readers`` / ``writers`` (equations reading / writing a tensor).
@@ -439,6 +440,14 @@ def _plain_in(ctx, sub, var) -> bool:
     return isinstance(sub, tuple) and any(isinstance(e, A.Index) and e.name == var for e in sub)
 
 
+def _plain_subscript(ctx, sub) -> bool:
+    """True when every entry of the subscript list ``sub`` is a loop index or an integer
+    literal: the tensor is read exactly at the iteration point, so a copy of it over the
+    same loops stays in bounds without the guard of the original read (a padded
+    convolution reads ``X_{...,c-1}`` under ``if_then_else(c<1,...)``)."""
+    return isinstance(sub, tuple) and all(isinstance(e, (A.Index, A.Int)) for e in sub)
+
+
 def _is_bound_name(name: str) -> bool:
     return len(name) >= 2 and name[0] in "tb" and name[1] in "xyz"
 
@@ -694,6 +703,7 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "reads_only": (2, _reads_only),
     "index_outside": (3, _index_outside),
     "plain_in": (2, _plain_in),
+    "plain_subscript": (1, _plain_subscript),
     "has_bound_index": (1, _has_bound_index),
     "target_of": (1, _target_of),
     # shapes, layouts and counts

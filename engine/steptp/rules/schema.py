@@ -52,6 +52,7 @@ _DOMAIN = {
         "exclude": {"type": "array"},
         "exclude_identity": {"type": "boolean"},
         "keep_innermost_kinds": {"type": "array", "items": {"enum": ["L", "P", "V", "U", "B"]}},
+        "innermost": {"type": "integer", "minimum": 1},
         "require": {"type": ["string", "array"], "items": {"type": "string"}},
         # Python-computed domains (steptp.engine.filters.EXTRA_DOMAINS; steptp.engine.mathprims)
         "atoms_of": {"type": "string"},
