@@ -30,7 +30,7 @@ demo: install
 	$(STP) translate examples/softmax.py -o $(OUT)/softmax.leir --verify
 	$(STP) apply rules/online_softmax.yaml $(OUT)/softmax.leir -o $(OUT)/softmax_online.leir
 	$(STP) verify $(OUT)/softmax.leir $(OUT)/softmax_online.leir
-	$(STP) dataset examples -o $(OUT) --seed 0
+	$(STP) dataset examples -o $(OUT) --seed 0 -j 2
 	$(STP) report $(OUT) > /dev/null
 	@echo "demo dataset written to $(OUT)/ (summary: $(OUT)/report.md)"
 
