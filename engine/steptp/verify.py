@@ -433,7 +433,8 @@ def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
 
 
-def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool, limits: GpuLimits) -> tuple[str, str | None, str | None]:
+def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
+             limits: GpuLimits) -> tuple[str, str | None, str | None]:
     """Lower for CPU (verification form) and, with ``gpu_check``, run the GPU preflight and
     lower the GPU form; raises Lowering/Preflight/BuildError.
 

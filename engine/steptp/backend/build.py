@@ -479,7 +479,8 @@ def _run_nvcc(cu: str, arch: str, workdir: str, tag: str, timeout_s: float) -> s
     src = os.path.join(workdir, f"{tag}.cu")
     with open(src, "w") as f:
         f.write(cu)
-    cmd = [nvcc_path() or "nvcc", "--ptx", f"-arch={arch}", *NVCC_FLAGS, "-o", os.path.join(workdir, f"{tag}.ptx"), src]
+    cmd = [nvcc_path() or "nvcc", "--ptx", f"-arch={arch}", *NVCC_FLAGS, "-o", os.path.join(workdir, f"{tag}.ptx"),
+           src]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -736,5 +737,5 @@ class IsolatedRunner:
 
 
 __all__ = ["CPU_TARGET", "cuda_target", "np_dtype", "is_tvmscript", "parse_tvmscript", "ParamSpec", "CpuKernel",
-           "build_cpu", "run_cpu", "run_lowered", "gpu_form", "adopt_gpu_form", "compile_cuda_text", "cuda_source", "nvcc_path", "NvccResult",
-           "nvcc_check", "IsolatedRunner"]
+           "build_cpu", "run_cpu", "run_lowered", "gpu_form", "adopt_gpu_form", "compile_cuda_text", "cuda_source",
+           "nvcc_path", "NvccResult", "NVCC_FLAGS", "nvcc_check", "IsolatedRunner"]

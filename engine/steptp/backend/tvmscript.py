@@ -54,9 +54,10 @@ Decisions (all follow the LEIR semantics of :mod:`steptp.leir.analysis`):
   (lazy: the unselected branch is not evaluated, so guarded reads are safe); conditions use
   ``< <= > >= == !=`` and ``and``/``or``/``not``. fp16 ``erf`` is computed as
   ``T.Cast(dt, T.erf(T.Cast("float32", x)))`` on every target (LLVM has no fp16 erf,
-  notes §2, and the two forms must differ only in thread bindings); bfloat16 math functions, ``**`` and floor are computed the same way on every target (TVM
-  0.27 rejects ``T.pow`` & co. on bfloat16), i.e. in float32 rounded once to bfloat16,
-  which is what PyTorch does for bfloat16 ops.
+  notes §2, and the two forms must differ only in thread bindings); bfloat16 math
+  functions, ``**`` and floor are computed the same way on every target (TVM 0.27 rejects
+  ``T.pow`` & co. on bfloat16), i.e. in float32 rounded once to bfloat16, which is what
+  PyTorch does for bfloat16 ops.
 * **Names.** Buffers keep their LEIR names, loop variables too (block iterators get a
   ``v_`` prefix); a name that would clash with TVMScript (``T``, ``I``, ``R``, Python
   keywords, ``range``...) gets ``_`` appended.

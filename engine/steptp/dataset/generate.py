@@ -5,8 +5,9 @@ For a source program: translate it (PyTorch) or parse it (``.leir``); verify the
 matches, try candidates (site x parameters, in an order drawn from the run's seed) until
 ``per_rule`` transformed programs pass Diff/Build/Exec/Equal against the original (nvcc
 batched over the programs of a worker task, see :func:`process_batch`). Each success
-becomes one dictionary entry; each failed attempt is reported, never written as data. Everything random derives from ``(seed, program key, rule id)``, so a run is
-reproducible whatever the worker count or order.
+becomes one dictionary entry; each failed attempt is reported, never written as data.
+Everything random derives from ``(seed, program key, rule id)``, so a run is reproducible
+whatever the worker count, batch size or order.
 """
 
 from __future__ import annotations

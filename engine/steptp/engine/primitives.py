@@ -8,8 +8,8 @@ Four families, each usable by any rule:
   (never collide with a name of the program or its signature, nor with reserved words).
 * **Parameter domains** (``params:`` in YAML) - :data:`DOMAINS`: ``divisors_of``,
   ``choice``, ``range``, ``permutations_of`` with the modifiers ``exclude``,
-  ``exclude_identity``, ``keep_innermost_kinds``, ``innermost``; and the value functions usable in
-  ``let:``/``params:`` expressions (the registry :data:`VALUE_FUNCTIONS` and its
+  ``exclude_identity``, ``keep_innermost_kinds``, ``innermost``; and the value functions
+  usable in ``let:``/``params:`` expressions (the registry :data:`VALUE_FUNCTIONS` and its
   evaluator; the functions themselves are defined in :mod:`steptp.engine.values`).
 * **Rewrite primitives** (``rewrite:`` in YAML) - :data:`PRIMITIVES`: ``replace``,
   ``substitute_index``, ``permute_loops``, ``set_loop``, ``concat_nests``,
