@@ -155,9 +155,10 @@ def test_programs_batched_into_one_nvcc_run_give_the_same_bytes(tmp_path, monkey
 def test_program_batches_keep_order_and_feed_every_worker():
     from steptp.dataset.pipeline import program_batches
 
-    todo = list(range(20))
-    assert program_batches(todo, 1, 8) == [todo[0:8], todo[8:16], todo[16:20]]
-    assert program_batches(todo[:6], 2, 8) == [todo[0:3], todo[3:6]]  # both workers get work
+    todo = list(range(80))
+    assert program_batches(todo, 1, 8) == [todo[i:i + 8] for i in range(0, 80, 8)]
+    assert program_batches(todo, 2, 8) == [todo[i:i + 8] for i in range(0, 80, 8)]
+    assert program_batches(todo[:27], 2, 8) == [todo[i:min(i + 4, 27)] for i in range(0, 27, 4)]  # 4+ per worker
     assert program_batches(todo[:3], 4, 8) == [[0], [1], [2]]
     assert program_batches([], 2, 8) == []
 

@@ -59,8 +59,9 @@ BATCH_PROGRAMS = 8
 
 def program_batches(todo: list, workers: int, batch: int = BATCH_PROGRAMS) -> list[list]:
     """``todo`` cut into consecutive batches of at most ``batch`` programs, smaller when
-    there are too few programs to keep ``workers`` processes busy (at least one each)."""
-    size = max(1, min(batch, -(-len(todo) // max(1, workers))))
+    there are too few programs for four batches per worker (so that no worker is left
+    with a long last batch while the others idle)."""
+    size = max(1, min(batch, -(-len(todo) // (4 * max(1, workers)))))
     return [todo[i:i + size] for i in range(0, len(todo), size)]
 
 
