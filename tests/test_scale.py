@@ -160,6 +160,7 @@ def test_program_batches_keep_order_and_feed_every_worker():
     assert program_batches(todo, 2, 8) == [todo[i:i + 8] for i in range(0, 80, 8)]
     assert program_batches(todo[:27], 2, 8) == [todo[i:min(i + 4, 27)] for i in range(0, 27, 4)]  # 4+ per worker
     assert program_batches(todo[:3], 4, 8) == [[0], [1], [2]]
+    assert program_batches(todo[:3], 1, 8) == [[0, 1, 2]]                 # one worker: no balancing
     assert program_batches([], 2, 8) == []
 
 

@@ -58,10 +58,11 @@ BATCH_PROGRAMS = 8
 
 
 def program_batches(todo: list, workers: int, batch: int = BATCH_PROGRAMS) -> list[list]:
-    """``todo`` cut into consecutive batches of at most ``batch`` programs, smaller when
-    there are too few programs for four batches per worker (so that no worker is left
-    with a long last batch while the others idle)."""
-    size = max(1, min(batch, -(-len(todo) // (4 * max(1, workers)))))
+    """``todo`` cut into consecutive batches of at most ``batch`` programs; with several
+    workers, smaller when there are too few programs for four batches per worker (so that
+    no worker is left with a long last batch while the others idle)."""
+    size = batch if workers <= 1 else min(batch, -(-len(todo) // (4 * workers)))
+    size = max(1, size)
     return [todo[i:i + size] for i in range(0, len(todo), size)]
 
 
