@@ -18,14 +18,6 @@ import sys
 from pathlib import Path
 
 
-def run(rules, module, repeat: int) -> dict:
-    """:func:`steptp.rules.tools.match_cost` in candidates mode (sites x parameters)."""
-    from steptp.rules.tools import match_cost
-
-    res = match_cost(rules, module, repeat, candidates=True)
-    return {"total": res["total_ms"], "load": res["load_ms"], "rules": res["rules"], "counts": res["counts"]}
-
-
 PROBE = """
 id: many_clause_probe
 name: many clause probe
@@ -84,7 +76,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from steptp.leir import load_leir
     from steptp.rules import load_rules
-    from steptp.rules.tools import merge_programs, replicate
+    from steptp.rules.tools import match_cost, merge_programs, replicate
 
     rules = load_rules()
     mods = [load_leir(p) for p in sorted(Path(args.examples).glob("*.leir"))]
@@ -93,13 +85,13 @@ def main(argv=None) -> int:
         return 2
     small = merge_programs(mods, "examples")
     big = replicate(small, 4)
-    run(rules, small, 1)  # warm-up: rule texts loaded into the e-graph, imports done
+    match_cost(rules, small, 1, candidates=True)  # warm-up: rule texts loaded into the e-graph, imports done
     for prog in (small, big):
-        res = run(rules, prog, args.repeat)
+        res = match_cost(rules, prog, args.repeat, candidates=True)
         n = len(prog.program.nests)
         slow = max(res["rules"].items(), key=lambda kv: kv[1])
-        print(f"{n} nests, {len(rules)} rules: median {res['total']:.1f} ms to list all candidates "
-              f"(load + analyses {res['load']:.1f} ms; slowest rule {slow[0]} {slow[1]:.1f} ms; "
+        print(f"{n} nests, {len(rules)} rules: median {res['total_ms']:.1f} ms to list all candidates "
+              f"(load + analyses {res['load_ms']:.1f} ms; slowest rule {slow[0]} {slow[1]:.1f} ms; "
               f"{sum(res['counts'].values())} candidates)")
         for k, v in sorted(res["rules"].items(), key=lambda kv: -kv[1]):
             print(f"    {k:28} {v:8.2f} ms  {res['counts'][k]:5d} candidates")

@@ -316,17 +316,18 @@ def test_fast_parse_is_structurally_identical_to_tvm_from_source():
 
 def _rule_test_programs():
     """Every ``before``/``after`` program of the shipped rules' self-tests (many shapes,
-    dtypes, storage scopes and thread bindings)."""
-    import yaml
+    dtypes, storage scopes and thread bindings), read as the self-test runner reads them."""
+    from steptp.leir.fileformat import LeirModule
+    from steptp.leir.parser import parse_program
+    from steptp.rules import load_rules
 
     out = []
-    for f in sorted((Path(__file__).resolve().parents[1] / "rules").glob("*.yaml")):
-        for t in yaml.safe_load(f.read_text()).get("tests", []):
-            before = parse_leir(t["before"])
+    for rule in load_rules():
+        for t in rule.tests:
+            before = parse_leir(t.before)
             out.append(before)
-            if t.get("after"):
-                header = "\n".join(l for l in t["before"].splitlines() if l.strip().startswith("%"))
-                out.append(parse_leir(header + "\n" + t["after"]))
+            if t.after:
+                out.append(LeirModule(before.signature, parse_program(t.after)))
     return out
 
 

@@ -230,12 +230,13 @@ def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
     if not pending:
         return
     texts = [item[2]["tir_cuda"] for _, item in pending]
-    runner = _runner(opts)
-    try:
-        if runner is None:
-            raise RuntimeError("in process")
-        results = runner.call(nvcc_check, texts, batch=True, timeout_s=max(opts.timeout_s, 600.0))
-    except Exception:  # noqa: BLE001 - the same check, without the worker's memo
+    runner, results = _runner(opts), None
+    if runner is not None:
+        try:
+            results = runner.call(nvcc_check, texts, batch=True, timeout_s=max(opts.timeout_s, 600.0))
+        except Exception:  # noqa: BLE001 - redone below, without the worker's memo
+            results = None
+    if results is None:  # in process (its memo holds the GPU forms), or after a worker failure
         results = nvcc_check(texts, batch=True)
     for (run, (step, res, art, slot)), nv in zip(pending, results):
         if nv.ok is False:

@@ -585,7 +585,7 @@ def _domain_values(spec: dict, ctx: EvalContext) -> list:
         if inner is not None and (not isinstance(inner, int) or isinstance(inner, bool) or inner < 1):
             raise ValueExprError(f"innermost must be a positive integer, got {inner!r}")
         if isinstance(items, int):
-            if min(items, inner or items) > 9:
+            if items > 9:  # before building the items: innermost: does not make a huge count cheap
                 raise ValueExprError(f"permutations of {items} items exceed the limit {MAX_DOMAIN_VALUES}")
             items = tuple(range(items))
         moved = min(len(tuple(items)), inner or len(tuple(items)))
