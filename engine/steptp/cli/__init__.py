@@ -1,0 +1,26 @@
+"""``stp`` command line (typer): one module per command group, each a thin layer over a
+library function.
+
+Data flow: ``translate`` (PyTorch -> LEIR) -> ``apply`` (one rule step) -> ``lower``
+(LEIR -> TIR / CUDA) -> ``verify`` -> ``dataset`` (all of it, in batch).
+Exit codes: 0 success, 1 a check failed (verification, no match), 2 bad input.
+
+| module | commands |
+|---|---|
+| ``program`` | parse, lower, translate |
+| ``steps`` | apply, verify |
+| ``data`` | dataset, corpus, report |
+| ``rules`` | rules list / lint / coverage / test |
+"""
+
+from __future__ import annotations
+
+from . import program, steps, data, rules  # noqa: F401,I001  (registers the commands, in --help order)
+from .app import app, rules_app
+
+__all__ = ["app", "rules_app", "main"]
+
+
+def main() -> None:  # pragma: no cover
+    """Run the ``stp`` command line."""
+    app()

@@ -1,0 +1,5 @@
+"""``python -m steptp.cli``: the ``stp`` command line."""
+
+from . import main
+
+main()

@@ -1,0 +1,92 @@
+"""Helpers every ``stp`` command shares: error exits (code 2 bad input, 1 a failed check),
+loading a .leir file with FILE:LINE:COLUMN errors, and printing a verification result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def param_text(v) -> str:
+    """JSON fallback for parameter values: LEIR subterms (math domains) as LEIR text."""
+    from ..leir import ast as A
+    from ..leir.printer import format_node
+
+    if isinstance(v, (A.Int, A.Float, A.Index, A.Tensor, A.Neg, A.BinOp, A.Call, A.Compare, A.BoolOp, A.Not)):
+        return format_node(v)
+    return str(v)
+
+
+def fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def load(path: Path):
+    from ..leir import LeirSyntaxError, load_leir
+
+    if not path.exists():
+        fail(f"{path}: no such file")
+    try:
+        return load_leir(path)
+    except LeirSyntaxError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{path}: cannot read: {e.strerror or e}")
+
+
+def semantic(path: Path, m) -> None:
+    """Exit 2 with ``FILE: message`` when the program is not meaningful (analysis)."""
+    from ..leir.analysis import LeirSemanticError, analyze
+
+    try:
+        analyze(m.program, m.signature)
+    except LeirSemanticError as e:
+        fail(f"{locate(path, str(e))}: {e}")
+
+
+def locate(path: Path, message: str) -> str:
+    """``FILE:LINE:COLUMN`` of the first equation quoted in a semantic error message when
+    it occurs verbatim in the file (canonical LEIR, as ``stp`` writes it), else ``FILE``."""
+    import re
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return str(path)
+    for quoted in re.findall(r"'([^']*=[^']*;)'", message):
+        pos = text.find(quoted)
+        if pos >= 0:
+            line = text.count("\n", 0, pos) + 1
+            return f"{path}:{line}:{pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+    return str(path)
+
+
+def print_verification(res) -> None:
+    for name in ("diff", "build", "exec", "equal"):
+        if hasattr(res, name):
+            val = getattr(res, name)
+            typer.echo(f"{name.capitalize():6} {'pass' if val else 'FAIL'}")
+    def num(x) -> str:
+        return "n/a" if x is None else f"{x:.3g}"
+
+    typer.echo(f"max_abs_err {num(res.max_abs_err)}  max_rel_err {num(res.max_rel_err)}  trials {res.trials}")
+    if res.reason:
+        typer.echo(f"reason: {res.reason}")
+
+
+def guard_rule(path: Path, fn):
+    """Run ``fn`` (loading or applying a rule); a broken rule file becomes ``FILE: field:
+    message`` and exit 2, never a traceback. :class:`NoMatch` passes through."""
+    from ..rules.errors import rule_problem
+
+    try:
+        return fn()
+    except FileNotFoundError:
+        fail(f"{path}: no such rule file")
+    except Exception as e:  # noqa: BLE001 - classified below; NoMatch is re-raised
+        msg = rule_problem(e, path)
+        if msg is None:
+            raise
+        fail(msg)

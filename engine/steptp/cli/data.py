@@ -1,0 +1,139 @@
+"""``stp dataset``, ``stp corpus`` and ``stp report``: many programs in, dataset files and their report out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .common import fail
+
+
+@app.command()
+def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir files or directories."),
+            outdir: Path = typer.Option(..., "-o", "--out", help="Output directory (resumable)."),
+            seed: int = typer.Option(0, "--seed"),
+            rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: all shipped rules."),
+            workers: int = typer.Option(1, "-j", "--workers", min=1, help="Parallel worker processes (spawn)."),
+            batch: int = typer.Option(8, "--batch", min=1,
+                                      help="Programs per worker task; their candidates share one nvcc run "
+                                           "(the output does not depend on it)."),
+            per_rule: int = typer.Option(1, "--per-rule", min=1,
+                                         help="Verified steps per program and rule: N candidates (sites x parameters) "
+                                              "sampled with the seed."),
+            max_tries: int = typer.Option(4, "--max-tries", min=1,
+                                          help="Candidates tried per verified step wanted (per rule: N x this)."),
+            trials: int = typer.Option(3, "--trials", min=1, help="Seeded verification trials per check."),
+            no_cuda: bool = typer.Option(False, "--no-cuda", help="Skip the CUDA source / GPU TIR in entries."),
+            no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx (faster)."),
+            in_process: bool = typer.Option(False, "--in-process",
+                                            help="Run checks in the generating process (faster, no time limit)."),
+            timeout: float = typer.Option(60.0, "--timeout", help="Time limit per check in seconds (isolated mode)."),
+            parquet: bool = typer.Option(False, "--parquet", help="Also write dictionary.parquet (needs pyarrow)."),
+            quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+            use_ray: bool = typer.Option(False, "--ray", help="Distribute programs over a Ray cluster (a local one "
+                                                             "with -j CPUs unless --ray-address is given)."),
+            ray_address: Optional[str] = typer.Option(None, "--ray-address",
+                                                      help="Ray cluster address (ray://host:10001, host:6379, auto); "
+                                                           "implies --ray.")):
+    """Generate the dictionary dataset and the single/multi-answer chat sets (ms-swift messages).
+
+    The output files do not depend on -j or --ray: programs are recorded in input order."""
+    from ..dataset.generate import Options
+    from ..dataset.pipeline import DatasetError, generate_dataset
+    from ..resources import rules_dir
+
+    rule_paths = [str(p) for p in (rules or sorted(rules_dir().glob("*.yaml")))]
+    for p in rule_paths:
+        if not Path(p).exists():
+            fail(f"{p}: no such rule file")
+    opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
+                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc)
+    from ..dataset.distributed import RayUnavailable
+
+    try:
+        report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet,
+                                  use_ray=use_ray or ray_address is not None, ray_address=ray_address,
+                                  batch=batch)
+    except (DatasetError, FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    except RayUnavailable as e:
+        fail(str(e), 1)
+    except OSError as e:
+        fail(f"{e.filename or outdir}: {e.strerror or e}")
+    if parquet:
+        from ..dataset.writers import to_parquet
+
+        try:
+            to_parquet(outdir / "dictionary.jsonl", outdir / "dictionary.parquet")
+        except OSError as e:
+            fail(f"{e.filename or outdir / 'dictionary.parquet'}: cannot write: {e.strerror or e}")
+    typer.echo(json.dumps({k: report[k] for k in ("programs", "entries", "chat_single", "chat_multi",
+                                                   "by_strategy", "by_level")}, indent=2))
+    if report["programs_failed"]:
+        typer.echo(f"{len(report['programs_failed'])} program(s) skipped; see {outdir}/report.json", err=True)
+
+
+@app.command()
+def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for the generated .py programs."),
+           count: int = typer.Option(100, "--count", min=1, help="Number of programs."),
+           seed: int = typer.Option(0, "--seed"),
+           budget: Optional[int] = typer.Option(None, "--budget", min=1,
+                                                help="Work budget per program (estimated FLOPs + input elements)."),
+           gpu: bool = typer.Option(False, "--gpu", help="Use the large GPU work budget (2^34)."),
+           types: Optional[List[str]] = typer.Option(None, "--type", help="Restrict to these program types."),
+           do_verify: bool = typer.Option(False, "--verify", help="Translate and verify every program; report the rate."),
+           workers: int = typer.Option(1, "-j", "--workers", min=1),
+           report: Optional[Path] = typer.Option(None, "--report", help="Write the verification report (JSON)."),
+           quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
+    """Generate KernelBench-style PyTorch programs (paper §3.1) with seeded shapes and dtypes."""
+    from tqdm import tqdm
+
+    from ..dataset.corpus import DEFAULT_BUDGET, GPU_BUDGET, CorpusError, format_report, generate_corpus, verify_corpus
+
+    b = budget if budget is not None else (GPU_BUDGET if gpu else DEFAULT_BUDGET)
+    try:
+        paths = generate_corpus(outdir, count, seed=seed, budget=b, types=types)
+    except CorpusError as e:
+        fail(str(e))
+    typer.echo(f"wrote {len(paths)} programs to {outdir}", err=True)
+    if not do_verify:
+        return
+    bar = tqdm(total=len(paths), desc="verify", unit="prog", disable=quiet, dynamic_ncols=True)
+
+    def progress(done, total, rec):
+        bar.update(1)
+
+    rep = verify_corpus(paths, seed=seed, workers=workers, progress=progress)
+    bar.close()
+    typer.echo(format_report(rep))
+    if report:
+        from ..dataset.writers import write_json_atomic
+
+        write_json_atomic(report, rep)
+    if rep["ok"] < rep["total"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(outdir: Path = typer.Argument(..., help="Output directory of `stp dataset` (finished or interrupted)."),
+           no_plots: bool = typer.Option(False, "--no-plots", help="Only report.md, no PNG plots."),
+           no_tokens: bool = typer.Option(False, "--no-tokens", help="Skip the token-efficiency table."),
+           tokenizer: Optional[Path] = typer.Option(None, "--tokenizer",
+                                                    help="A tokenizer.json to count tokens with (default: Qwen).")):
+    """Summarise a dataset run: counts before/after filtering, per strategy/category/level, strategy
+    diversity, pass rates per stage, first failure reasons and token efficiency (LEIR vs TIR vs CUDA).
+
+    Prints and writes OUTDIR/report.md, OUTDIR/report_stats.json and PNG plots."""
+    from ..dataset.report import ReportError, build_report
+
+    if tokenizer is not None and not tokenizer.exists():
+        fail(f"{tokenizer}: no such file")
+    try:
+        text, _ = build_report(outdir, plots=not no_plots, tokenizer=tokenizer, tokens=not no_tokens)
+    except (ReportError, ValueError) as e:
+        fail(str(e))
+    typer.echo(text, nl=False)

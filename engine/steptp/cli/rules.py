@@ -1,0 +1,129 @@
+"""``stp rules list|lint|coverage|test``: inspect and self-test the rule files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import rules_app
+from .common import fail, guard_rule
+
+
+@rules_app.command("list")
+def rules_list(directory: Optional[Path] = typer.Option(None, "--dir", help="Rule directory (default: shipped).")):
+    """List the rules: id, category, K, P, S, score (paper eq. 1) and level."""
+    from ..rules import RuleError, load_rules
+    from ..rules.tools import rule_rows
+
+    try:
+        rows = rule_rows(load_rules(directory))
+    except RuleError as e:
+        fail(str(e))
+    w = max([len("id")] + [len(r["id"]) for r in rows])
+    typer.echo(f"{'id':{w}}  {'category':8}  {'K':>2} {'P':>2} {'S':>2}  {'score':>5}  level")
+    for r in rows:
+        typer.echo(f"{r['id']:{w}}  {r['category']:8}  {r['K']:2d} {r['P']:2d} {r['S']:2d}  {r['score']:5.1f}  "
+                   f"{r['level']}")
+    typer.echo(f"{len(rows)} rule(s)")
+
+
+def _rule_files(files) -> list:
+    from ..rules import RuleError, load_rule, load_rules
+
+    try:
+        return [load_rule(f) for f in files] if files else load_rules()
+    except (RuleError, FileNotFoundError) as e:
+        fail(str(e))
+
+
+def _programs(inputs) -> list:
+    from ..leir import LeirSyntaxError, load_leir
+
+    out = []
+    for i in inputs:
+        p = Path(i)
+        files = sorted(p.rglob("*.leir")) if p.is_dir() else [p]
+        if not p.exists():
+            fail(f"{p}: no such file or directory")
+        for f in files:
+            try:
+                out.append(load_leir(f))
+            except LeirSyntaxError as e:
+                fail(str(e))
+    return out
+
+
+@rules_app.command("lint")
+def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule files (default: all shipped)."),
+               program: Optional[List[Path]] = typer.Option(None, "--program",
+                                                            help=".leir files/directories; the largest is the "
+                                                                 "yardstick (default: examples/ if present)."),
+               slow_ms: float = typer.Option(1000.0, "--slow-ms", help="Warn above this matching time on the "
+                                                                       "scaled program."),
+               nests: int = typer.Option(120, "--nests", help="Scale the yardstick program to this many nests."),
+               strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings.")):
+    """Validate rule files and warn about preconditions whose matching cost explodes.
+
+    Each rule is loaded (schema, patterns, relations, templates, tests' LEIR) and matched on
+    the largest bundled program and on a copy scaled to --nests nests."""
+    from ..rules.tools import largest_program, lint_rules
+
+    rules = _rule_files(files)
+    typer.echo(f"{len(rules)} rule file(s) load and validate")
+    paths = program or ([Path("examples")] if Path("examples").is_dir() else [])
+    mod = largest_program(paths) if paths else None
+    if mod is None:
+        typer.echo("no .leir program given (--program): matching cost not checked")
+        return
+    findings, fig = lint_rules(rules, mod, slow_ms=slow_ms, scale_nests=nests)
+    slowest = sorted(fig["big"]["rules"].items(), key=lambda kv: -kv[1])[:3]
+    typer.echo(f"matching on '{fig['program']}' ({fig['nests']} nests): {fig['small']['total_ms']:.1f} ms; "
+               f"scaled to {fig['scaled_nests']} nests: {fig['big']['total_ms']:.1f} ms (slowest: "
+               f"{', '.join(f'{k} {v:.1f} ms' for k, v in slowest)})")
+    for f in findings:
+        typer.echo(str(f))
+    if not findings:
+        typer.echo("no warnings")
+    elif strict:
+        raise typer.Exit(1)
+
+
+@rules_app.command("coverage")
+def rules_coverage(inputs: List[Path] = typer.Argument(..., help=".leir files or directories."),
+                   rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: shipped."),
+                   per_program: int = typer.Option(3, "--per-program", min=1,
+                                                   help="Candidates tried per rule and program."),
+                   seed: int = typer.Option(0, "--seed"),
+                   trials: int = typer.Option(3, "--trials", min=1),
+                   nvcc: bool = typer.Option(False, "--nvcc", help="Also run nvcc --ptx in the Build pass.")):
+    """Apply every rule to every program it matches, verify, and tabulate per strategy."""
+    from ..rules.tools import coverage, format_coverage
+
+    rs = _rule_files(rules)
+    progs = _programs(inputs)
+    if not progs:
+        fail("no .leir programs found")
+    rows = coverage(rs, progs, per_program=per_program, seed=seed, trials=trials, nvcc=nvcc)
+    typer.echo(format_coverage(rows))
+    if any(r.tried > r.equal for r in rows):
+        raise typer.Exit(1)
+
+
+@rules_app.command("test")
+def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule files (default: all shipped)."),
+               no_verify: bool = typer.Option(False, "--no-verify", help="Skip numeric verification.")):
+    """Run each rule's own before/after tests (exact LEIR) and verify them numerically."""
+    from ..rules.selftest import run_selftests
+
+    for f in files or []:
+        guard_rule(f, lambda f=f: __import__("steptp.rules", fromlist=["load_rule"]).load_rule(f))
+    from ..rules import RuleError
+
+    try:
+        ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo)
+    except RuleError as e:
+        fail(str(e))
+    if not ok:
+        raise typer.Exit(1)
