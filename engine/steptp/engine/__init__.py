@@ -9,11 +9,12 @@ Public API::
 """
 
 from . import values as _values  # noqa: F401 - registers the rule-language value functions (all of them)
-from .apply import (NoMatch, PreflightRejected, Step, apply_rule, check_rule, checked_candidates, list_candidates,
+from . import structural as _structural  # noqa: F401 - registers the structural rewrite primitives
+from .apply import (NoMatch, PreflightRejected, Step, apply_rule, checked_candidates, list_candidates,
                     new_preflight_problems)
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError
 from . import mathprims  # noqa: F401,E402 - registers the algebra primitive, filter and domains
 
-__all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "check_rule", "Site", "find_sites", "find_sites_many",
+__all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "Site", "find_sites", "find_sites_many",
            "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]

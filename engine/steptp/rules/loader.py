@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 
 from ..resources import rules_dir
+from ..engine.primitives import MAX_DOMAIN_VALUES
+from .checks import check_rule
 from .schema import LEVELS, RuleError, validate_rule_data
 
 
@@ -163,8 +165,6 @@ def _semantic_checks(rule: Rule, data: dict, source: str, stem: str | None) -> N
                                                     f"{rule.score:g} gives {rule.level!r}")
     if rule.inverse == rule.id:
         raise RuleError(source, "inverse", "a rule cannot be its own inverse")
-    from ..engine.primitives import MAX_DOMAIN_VALUES
-
     for pname, spec in rule.params.items():
         r = spec.get("range") if isinstance(spec, dict) else None
         lo, hi = (r[0], r[1]) if isinstance(r, list) and len(r) == 2 else \
@@ -172,8 +172,6 @@ def _semantic_checks(rule: Rule, data: dict, source: str, stem: str | None) -> N
         if isinstance(lo, int) and isinstance(hi, int) and hi - lo + 1 > MAX_DOMAIN_VALUES:
             raise RuleError(source, f"params.{pname}.range", f"[{lo}, {hi}] has {hi - lo + 1} values, above the "
                                                             f"limit {MAX_DOMAIN_VALUES}")
-    from ..engine.apply import check_rule  # late import: engine depends on this module
-
     check_rule(rule, source)
 
 

@@ -1,0 +1,354 @@
+"""The rule language's values: value expressions (``let:``, ``params:`` and primitive
+arguments such as ``?n/?f`` or ``loops_of(?N)``), their evaluator over the registry
+:data:`VALUE_FUNCTIONS` (filled by :mod:`steptp.engine.values`), and parameter domains
+(:data:`DOMAINS`: ``divisors_of``, ``choice``, ``range``, ``permutations_of`` with the
+modifiers ``exclude``, ``exclude_identity``, ``keep_innermost_kinds``, ``innermost``,
+``require``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from ..leir import ast as A
+from ..leir.fileformat import LeirModule
+from . import patterns as P
+
+
+# ---------------------------------------------------------------------------
+# Value expressions (let:, params:, primitive arguments)
+# ---------------------------------------------------------------------------
+
+
+class ValueExprError(ValueError):
+    """A ``let``/``params`` value expression cannot be evaluated."""
+
+
+@dataclass
+class EvalContext:
+    """What value functions may look at: the program and the bindings."""
+
+    module: LeirModule
+    env: dict
+
+
+#: Functions usable in value expressions: name -> (arity, fn(ctx, *args)); arity -1 =
+#: variadic. All of them are defined in :mod:`steptp.engine.values`, which fills this
+#: registry on import (the engine package imports it first).
+VALUE_FUNCTIONS: dict[str, tuple[int, Callable]] = {}
+
+
+class _ValueParser:
+    """``?n/?f``, ``loops_of(?N)``, ``3``, ``"s"``, bare words (string literals)."""
+
+    def __init__(self, src: str):
+        self.p = P._Parser(src)
+
+    def parse(self):
+        e = self.or_()
+        self.p.done()
+        return e
+
+    def or_(self):
+        a = self.and_()
+        while self.p.peek().kind == "word" and self.p.peek().text == "or":
+            self.p.next()
+            a = ("or", a, self.and_())
+        return a
+
+    def and_(self):
+        a = self.cmp()
+        while self.p.peek().kind == "word" and self.p.peek().text == "and":
+            self.p.next()
+            a = ("and", a, self.cmp())
+        return a
+
+    def cmp(self):
+        if self.p.peek().kind == "word" and self.p.peek().text == "not":
+            self.p.next()
+            return ("not", self.cmp())
+        a = self.sum()
+        t = self.p.peek()
+        if t.kind == "op" and t.text in ("<", "<=", ">", ">=", "==", "!="):
+            self.p.next()
+            return ("cmp", t.text, a, self.sum())
+        return a
+
+    def sum(self):
+        a = self.prod()
+        while self.p.at("+") or self.p.at("-"):
+            a = ("op", self.p.next().text, a, self.prod())
+        return a
+
+    def prod(self):
+        a = self.atom()
+        while self.p.peek().kind == "op" and self.p.peek().text in ("*", "/", "//", "%"):
+            a = ("op", self.p.next().text, a, self.atom())
+        return a
+
+    def atom(self):
+        t = self.p.next()
+        if t.kind == "int":
+            return ("lit", int(t.text))
+        if t.kind == "mvar":
+            return ("var", t.text[1:])
+        if t.kind == "str":
+            return ("lit", t.text[1:-1])
+        if t.kind == "op" and t.text == "-":
+            return ("op", "-", ("lit", 0), self.atom())
+        if t.kind == "op" and t.text == "(":
+            e = self.sum()
+            self.p.expect(")")
+            return e
+        if t.kind in ("word", "name"):
+            if self.p.at("("):
+                self.p.next()
+                args = []
+                if not self.p.at(")"):
+                    args.append(self.sum())
+                    while self.p.at(","):
+                        self.p.next()
+                        args.append(self.sum())
+                self.p.expect(")")
+                return ("call", t.text, args)
+            return ("lit", t.text)
+        self.p.error(t, "expected a value")
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_value(src: str):
+    """Parse a value expression (see :class:`_ValueParser`); raises PatternError. The
+    tree is immutable (nested tuples) and cached per text."""
+    return _ValueParser(src).parse()
+
+
+def value_vars(tree) -> set[str]:
+    """Metavariables used by a parsed value expression."""
+    kind = tree[0]
+    if kind == "var":
+        return {tree[1]}
+    if kind == "op":
+        return value_vars(tree[2]) | value_vars(tree[3])
+    if kind == "call":
+        return set().union(*[value_vars(a) for a in tree[2]]) if tree[2] else set()
+    if kind in ("and", "or"):
+        return value_vars(tree[1]) | value_vars(tree[2])
+    if kind == "not":
+        return value_vars(tree[1])
+    if kind == "cmp":
+        return value_vars(tree[2]) | value_vars(tree[3])
+    return set()
+
+
+def is_expression(v) -> bool:
+    """True for a YAML string that is a value expression (contains ``?`` or ``(``)."""
+    return isinstance(v, str) and ("?" in v or "(" in v)
+
+
+def eval_value(v, ctx: EvalContext):
+    """Evaluate a YAML value: ints/bools stay, lists map, strings containing ``?`` or
+    ``(`` are value expressions, other strings are literals."""
+    if isinstance(v, list):
+        return tuple(eval_value(x, ctx) for x in v)
+    if not is_expression(v):
+        return v
+    return _eval_tree(parse_value(v), ctx)
+
+
+_CMP_FN = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+           ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def _eval_tree(t, ctx: EvalContext):
+    kind = t[0]
+    if kind == "lit":
+        return t[1]
+    if kind == "and":
+        return bool(_eval_tree(t[1], ctx)) and bool(_eval_tree(t[2], ctx))
+    if kind == "or":
+        return bool(_eval_tree(t[1], ctx)) or bool(_eval_tree(t[2], ctx))
+    if kind == "not":
+        return not bool(_eval_tree(t[1], ctx))
+    if kind == "cmp":
+        a, b = _eval_tree(t[2], ctx), _eval_tree(t[3], ctx)
+        try:
+            return _CMP_FN[t[1]](a, b)
+        except TypeError:
+            raise ValueExprError(f"cannot compare {a!r} {t[1]} {b!r}") from None
+    if kind == "var":
+        if t[1] not in ctx.env:
+            raise ValueExprError(f"?{t[1]} is not bound here")
+        v = ctx.env[t[1]]
+        return v.value if isinstance(v, A.Int) else v
+    if kind == "call":
+        if t[1] not in VALUE_FUNCTIONS:
+            raise ValueExprError(f"unknown function {t[1]}")
+        arity, fn = VALUE_FUNCTIONS[t[1]]
+        if arity >= 0 and len(t[2]) != arity:  # arity -1: variadic, checked by fn
+            raise ValueExprError(f"{t[1]} takes {arity} argument(s)")
+        return fn(ctx, *[_eval_tree(a, ctx) for a in t[2]])
+    a, b = _eval_tree(t[2], ctx), _eval_tree(t[3], ctx)
+    if not (isinstance(a, int) and isinstance(b, int)):
+        raise ValueExprError(f"arithmetic on non-integers {a!r} {t[1]} {b!r}")
+    op = t[1]
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        if b == 0 or a % b:
+            raise ValueExprError(f"{a}/{b} is not an exact division")
+        return a // b
+    if op == "//":
+        return a // b
+    return a % b
+
+
+def eval_let(spec, ctx: EvalContext):
+    """``let:`` entry: a value, or ``{lookup: v, table: {...}, default: d}``."""
+    if isinstance(spec, dict) and "lookup" in spec:
+        key = eval_value(spec["lookup"], ctx)
+        table = spec.get("table", {})
+        if str(key) in table:
+            return eval_value(table[str(key)], ctx)
+        if "default" not in spec:
+            raise ValueExprError(f"lookup: no entry for {key!r} and no default")
+        return eval_value(spec["default"], ctx)
+    return eval_value(spec, ctx)
+
+
+# ---------------------------------------------------------------------------
+# Parameter domains
+# ---------------------------------------------------------------------------
+
+
+#: Largest number of values one parameter domain may have (a larger ``range`` or
+#: permutation set is a rule error, not a stall).
+MAX_DOMAIN_VALUES = 100_000
+
+
+def divisors(n: int, exclude: Iterable = ()) -> list[int]:
+    """Every divisor of ``n`` (ascending) not in ``exclude``: trial division up to
+    ``sqrt(n)`` (O(sqrt n): 32k steps for ``n = 2**30``)."""
+    ex = set(exclude)
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return [x for x in small + large[::-1] if x not in ex]
+
+
+def permutations(items: tuple, exclude_identity: bool = True, keep_innermost_kinds: Iterable[str] = (),
+                 innermost: int | None = None) -> list:
+    """Permutations of ``range(len(items))`` as index tuples (lexicographic order).
+
+    ``keep_innermost_kinds``: loops of these kinds (e.g. ``V``) must stay at the
+    innermost positions they occupy (vectorized loops stay innermost).
+    ``innermost``: only the innermost ``innermost`` movable items are permuted; the outer
+    ones keep their places (a 9-loop 3-D convolution nest has 9! = 362,880 orders; with
+    ``innermost: 7`` it has 7! = 5,040).
+    """
+    n = len(items)
+    keep = set(keep_innermost_kinds)
+    fixed = []
+    if keep:
+        for i in range(n - 1, -1, -1):
+            if isinstance(items[i], A.Loop) and items[i].kind in keep:
+                fixed.append(i)
+            else:
+                break
+    free = [i for i in range(n) if i not in fixed]
+    outer: list[int] = []
+    if innermost is not None and len(free) > innermost:
+        outer, free = free[:len(free) - innermost], free[len(free) - innermost:]
+    out = []
+    for perm in itertools.permutations(free):
+        full = tuple(outer) + tuple(perm) + tuple(sorted(fixed))
+        if exclude_identity and full == tuple(range(n)):
+            continue
+        out.append(full)
+    return out
+
+
+def _domain_values(spec: dict, ctx: EvalContext) -> list:
+    if "divisors_of" in spec:
+        n = eval_value(spec["divisors_of"], ctx)
+        if not isinstance(n, int) or n <= 0:
+            raise ValueExprError(f"divisors_of needs a positive integer, got {n!r}")
+        vals = divisors(n)
+    elif "choice" in spec:
+        vals = list(eval_value(spec["choice"], ctx))
+    elif "range" in spec:
+        r = spec["range"]
+        lo, hi = (eval_value(r[0], ctx), eval_value(r[1], ctx)) if isinstance(r, list) else \
+            (eval_value(r["from"], ctx), eval_value(r["to"], ctx))
+        if not (isinstance(lo, int) and isinstance(hi, int)):
+            raise ValueExprError(f"range bounds must be integers, got {lo!r} and {hi!r}")
+        if hi - lo + 1 > MAX_DOMAIN_VALUES:
+            raise ValueExprError(f"range [{lo}, {hi}] has {hi - lo + 1} values, above the limit {MAX_DOMAIN_VALUES}")
+        vals = list(range(lo, hi + 1))
+    elif "permutations_of" in spec:
+        items = eval_value(spec["permutations_of"], ctx)
+        inner = spec.get("innermost")
+        if inner is not None and (not isinstance(inner, int) or isinstance(inner, bool) or inner < 1):
+            raise ValueExprError(f"innermost must be a positive integer, got {inner!r}")
+        if isinstance(items, int):
+            if items > 9:  # before building the items: innermost: does not make a huge count cheap
+                raise ValueExprError(f"permutations of {items} items exceed the limit {MAX_DOMAIN_VALUES}")
+            items = tuple(range(items))
+        moved = min(len(tuple(items)), inner or len(tuple(items)))
+        if math.factorial(moved) > MAX_DOMAIN_VALUES:
+            raise ValueExprError(f"permutations of {moved} items exceed the limit {MAX_DOMAIN_VALUES} "
+                                 "(the innermost: modifier permutes only the innermost N)")
+        vals = permutations(tuple(items), bool(spec.get("exclude_identity", True)),
+                            spec.get("keep_innermost_kinds", ()), inner)
+    else:
+        from .filters import EXTRA_DOMAINS  # Python-computed domains (e.g. steptp.engine.mathprims)
+
+        key = next((k for k in spec if k in EXTRA_DOMAINS), None)
+        if key is None:
+            raise ValueExprError(f"unknown domain {spec!r}")
+        vals = list(EXTRA_DOMAINS[key](spec, ctx))
+    ex = {_norm(eval_value(x, ctx)) for x in spec.get("exclude", [])}
+    vals = [v for v in vals if _norm(v) not in ex]
+    req = spec.get("require")
+    if req:
+        conds = req if isinstance(req, list) else [req]
+        name = spec.get("_name")
+        kept = []
+        for v in vals:
+            sub = EvalContext(ctx.module, {**ctx.env, name: v} if name else ctx.env)
+            if all(bool(eval_value(c, sub)) for c in conds):
+                kept.append(v)
+        vals = kept
+    return vals
+
+
+def _norm(v):
+    if isinstance(v, list):
+        return tuple(_norm(x) for x in v)
+    return v
+
+
+#: Domain keys the YAML may use (``params.<name>.<key>``).
+DOMAINS = ("divisors_of", "choice", "range", "permutations_of")
+DOMAIN_MODIFIERS = ("exclude", "exclude_identity", "keep_innermost_kinds", "innermost", "require")
+
+
+def domain_values(spec: dict, ctx: EvalContext, name: str | None = None) -> list:
+    """All admissible values of one parameter, deterministic order (see :data:`DOMAINS`).
+
+    ``require`` conditions are evaluated with the candidate value bound to ``?name``."""
+    if name is not None:
+        spec = {**spec, "_name": name}
+    return [_norm(v) for v in _domain_values(spec, ctx)]
