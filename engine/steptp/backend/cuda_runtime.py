@@ -1,0 +1,527 @@
+"""Load, run and time exported TVM modules with the TVM *runtime* only (no ``tvm`` compiler).
+
+This module imports nothing but the standard library, ``ctypes``, ``numpy`` and ``tvm_ffi``
+(and :mod:`steptp.backend.errors`); it never imports ``tvm``, so it also works on a GPU
+machine that carries only ``libtvm_runtime.so`` / ``libtvm_runtime_cuda.so`` and the
+``apache-tvm-ffi`` wheel (tvm-0.27-notes §3.5). The build side (which needs ``tvm``) is
+:func:`steptp.backend.perf.export_cuda`: it writes ``kernel.so`` (host code + CUDA *source*),
+``manifest.json`` and the PTX of the source into a cache directory.
+
+Recipe (notes §3.5, seen working on an H100 with CUDA 13.0, driver 580):
+
+1. ``ctypes.CDLL(libcudart.so.13, RTLD_GLOBAL)`` and ``libcuda.so.1`` (the driver), then
+   ``libtvm_runtime.so`` and ``libtvm_runtime_cuda.so`` (both ``RTLD_GLOBAL``) from the
+   installed apache-tvm package directory (``tvm/lib``) or a given directory
+   (:func:`load_runtime`).
+2. Register ``tvm_callback_cuda_compile(code) -> bytes`` (:func:`register_ptx_cache`): the
+   exported module holds CUDA C (format ``cuda``), which the CUDA runtime compiles at load
+   time through that callback; it returns the PTX cached under ``SHA1(code).ptx``
+   (written at build time by ``nvcc --ptx``; compiled with nvcc on a miss). Output that
+   starts with ``/`` (a PTX comment) is loaded as PTX by the driver, which JIT-compiles it
+   for the device, so sm_90 PTX also runs on newer GPUs.
+3. ``tvm_ffi.load_module("kernel.so")["main"](*tensors)`` with device tensors allocated by
+   the runtime (``runtime.TVMTensorAllocWithScope``) and filled by
+   ``runtime.TVMTensorCopyFromBytes`` (:func:`run_module`).
+4. Timing (:func:`time_function`): TVM's ``time_evaluator`` (the global function
+   ``runtime.RPCTimeEvaluator`` behind ``tvm.runtime.Module.time_evaluator``; notes §4):
+   ``repeat`` results, each the mean of ``number`` calls in seconds, after one warm-up
+   call; on CUDA each measurement is bracketed by device synchronisation (TVM uses the
+   device's timer). The same functions run on ``cpu`` with an exported llvm library, which is
+   how they are tested on machines without a GPU.
+
+Faults (illegal address, launch failure, missing PTX) raise
+:class:`steptp.backend.errors.ExecError` carrying the CUDA / TVM error text. After an illegal
+memory access the CUDA context is unusable: run GPU work in a worker process
+(:class:`steptp.backend.build.IsolatedRunner`) so that the next call starts afresh.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .errors import BuildError, ExecError
+
+#: The CUDA runtime ``libtvm_runtime_cuda.so`` of apache-tvm 0.27 is linked against.
+CUDART_SONAME = "libcudart.so.13"
+#: The CUDA driver library (installed with the NVIDIA driver, never with the toolkit).
+LIBCUDA_SONAME = "libcuda.so.1"
+TVM_RUNTIME_LIB = "libtvm_runtime.so"
+TVM_RUNTIME_CUDA_LIB = "libtvm_runtime_cuda.so"
+#: ``nvcc`` flags of the cached PTX (the kernels are timed from it, hence -O3; notes §3.5).
+PTX_FLAGS: tuple[str, ...] = ("-O3",)
+
+_LOCK = threading.RLock()
+_LOADED: dict[str, object] = {}
+_PTX_DIRS: list[Path] = []
+_PTX_ARCH = ["sm_90"]
+
+
+# ---------------------------------------------------------------------------
+# Locating the libraries
+# ---------------------------------------------------------------------------
+
+
+def tvm_lib_dir(lib_dir: str | os.PathLike | None = None) -> Path | None:
+    """Directory holding ``libtvm_runtime.so``: ``lib_dir`` if given, else
+    ``$STP_TVM_LIB_DIR``, else ``$TVM_LIBRARY_PATH``, else the installed apache-tvm package's
+    ``tvm/lib`` (found with ``importlib.util.find_spec``, which does not import ``tvm``).
+    ``None`` when none holds the library."""
+    cands: list[Path] = []
+    for d in (lib_dir, os.environ.get("STP_TVM_LIB_DIR"), os.environ.get("TVM_LIBRARY_PATH")):
+        if d:
+            cands.append(Path(d))
+    try:
+        spec = importlib.util.find_spec("tvm")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        cands.append(Path(spec.origin).parent / "lib")
+    for d in cands:
+        if (d / TVM_RUNTIME_LIB).is_file():
+            return d
+    return None
+
+
+def _cuda_roots() -> list[Path]:
+    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT")]
+    out = [Path(r) for r in roots if r]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        out.append(Path(os.path.realpath(nvcc)).parent.parent)
+    out.append(Path("/usr/local/cuda"))
+    out += [Path(p) for p in sorted(glob.glob("/usr/local/cuda-13*"), reverse=True)]
+    return out
+
+
+def find_cudart() -> str | None:
+    """Path of ``libcudart.so.13``: ``$STP_CUDART``, the CUDA toolkit (``$CUDA_HOME``,
+    ``$CUDA_PATH``, nvcc's toolkit, ``/usr/local/cuda*``: ``lib64``, ``lib``,
+    ``targets/*/lib``), the ``nvidia-cuda-runtime`` wheel (``nvidia/cu13/lib``,
+    ``nvidia/cuda_runtime/lib``) on ``sys.path``, else the dynamic linker's search path
+    (``ctypes.CDLL`` by name). ``None`` when not found."""
+    env = os.environ.get("STP_CUDART")
+    if env and os.path.isfile(env):
+        return env
+    dirs: list[Path] = []
+    for r in _cuda_roots():
+        dirs += [r / "lib64", r / "lib"] + [Path(p) for p in glob.glob(str(r / "targets" / "*" / "lib"))]
+    for p in sys.path:
+        dirs += [Path(p) / "nvidia" / "cu13" / "lib", Path(p) / "nvidia" / "cuda_runtime" / "lib"]
+    for d in dirs:
+        f = d / CUDART_SONAME
+        if f.is_file():
+            return str(f)
+    try:
+        ctypes.CDLL(CUDART_SONAME)
+        return CUDART_SONAME
+    except OSError:
+        return None
+
+
+def find_libcuda() -> str | None:
+    """``libcuda.so.1`` when the dynamic linker can load it (the NVIDIA driver is installed),
+    else ``None``."""
+    try:
+        ctypes.CDLL(LIBCUDA_SONAME)
+        return LIBCUDA_SONAME
+    except OSError:
+        return None
+
+
+def cuda_devices() -> tuple[int, str]:
+    """``(number of CUDA devices, '' or the driver's error)`` through the driver API
+    (``cuInit(0)`` + ``cuDeviceGetCount``); ``(0, reason)`` without a driver."""
+    try:
+        lib = ctypes.CDLL(LIBCUDA_SONAME)
+    except OSError:
+        return 0, f"{LIBCUDA_SONAME} not found"
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return 0, f"cuInit failed: {_cu_error(lib, rc)}"
+    n = ctypes.c_int(0)
+    rc = lib.cuDeviceGetCount(ctypes.byref(n))
+    if rc != 0:
+        return 0, f"cuDeviceGetCount failed: {_cu_error(lib, rc)}"
+    return int(n.value), ""
+
+
+def _cu_error(lib, rc: int) -> str:
+    name = ctypes.c_char_p()
+    try:
+        if lib.cuGetErrorName(rc, ctypes.byref(name)) == 0 and name.value:
+            return name.value.decode()
+    except Exception:  # noqa: BLE001
+        pass
+    return f"CUresult {rc}"
+
+
+def device_name(index: int = 0) -> str:
+    """The driver's name of CUDA device ``index`` (``NVIDIA H100 80GB HBM3``), or ''."""
+    try:
+        lib = ctypes.CDLL(LIBCUDA_SONAME)
+        if lib.cuInit(0) != 0:
+            return ""
+        dev = ctypes.c_int(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        if lib.cuDeviceGetName(buf, 256, dev) != 0:
+            return ""
+        return buf.value.decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def nvcc_path() -> str | None:
+    """``nvcc`` on PATH, or ``None``."""
+    return shutil.which("nvcc")
+
+
+def cuda_available(need_nvcc: bool = True, lib_dir: str | os.PathLike | None = None) -> str | None:
+    """``None`` when CUDA programs can be built and run here, else ONE line naming what is
+    missing, checked in this order: the driver (``libcuda.so.1``), the CUDA 13 runtime
+    (``libcudart.so.13``), TVM's runtime libraries, a CUDA device, and (``need_nvcc``) nvcc,
+    which compiles the kernels' CUDA C to PTX. Loads nothing into TVM; cheap (no import of
+    ``tvm``)."""
+    if find_libcuda() is None:
+        return f"no CUDA driver ({LIBCUDA_SONAME} not found)"
+    if find_cudart() is None:
+        return f"no CUDA runtime ({CUDART_SONAME} not found; set STP_CUDART or CUDA_HOME)"
+    d = tvm_lib_dir(lib_dir)
+    if d is None:
+        return f"no TVM runtime ({TVM_RUNTIME_LIB} not found; set STP_TVM_LIB_DIR)"
+    if not (d / TVM_RUNTIME_CUDA_LIB).is_file():
+        return f"no TVM CUDA runtime ({TVM_RUNTIME_CUDA_LIB} not in {d})"
+    n, why = cuda_devices()
+    if n == 0:
+        return f"no CUDA device ({why or 'cuDeviceGetCount returned 0'})"
+    if need_nvcc and nvcc_path() is None:
+        return "no nvcc on PATH (needed to compile the kernels' CUDA C to PTX)"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Loading the runtime
+# ---------------------------------------------------------------------------
+
+
+def load_runtime(device: str = "cuda", lib_dir: str | os.PathLike | None = None) -> None:
+    """Load TVM's runtime into this process (idempotent): for ``device="cuda"`` first
+    ``libcudart.so.13`` and ``libcuda.so.1``, then ``libtvm_runtime.so`` and (cuda)
+    ``libtvm_runtime_cuda.so``, all ``RTLD_GLOBAL`` (notes §3.5). When ``tvm`` is already
+    imported the same files are reused. Raises :class:`ExecError` naming what is missing."""
+    with _LOCK:
+        if device in _LOADED:
+            return
+        import tvm_ffi  # noqa: F401,PLC0415  (loads libtvm_ffi.so)
+
+        d = tvm_lib_dir(lib_dir)
+        if d is None:
+            raise ExecError(f"no TVM runtime ({TVM_RUNTIME_LIB} not found; set STP_TVM_LIB_DIR)")
+        if device == "cuda":
+            cudart = find_cudart()
+            if cudart is None:
+                raise ExecError(f"no CUDA runtime ({CUDART_SONAME} not found; set STP_CUDART or CUDA_HOME)")
+            try:
+                ctypes.CDLL(cudart, mode=ctypes.RTLD_GLOBAL)
+                ctypes.CDLL(LIBCUDA_SONAME, mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:
+                raise ExecError(f"no CUDA driver: {e}") from None
+        try:
+            ctypes.CDLL(str(d / TVM_RUNTIME_LIB), mode=ctypes.RTLD_GLOBAL)
+            if device == "cuda":
+                ctypes.CDLL(str(d / TVM_RUNTIME_CUDA_LIB), mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise ExecError(f"cannot load TVM's runtime from {d}: {e}") from None
+        _LOADED[device] = d
+
+
+def _global(name: str):
+    import tvm_ffi  # noqa: PLC0415
+
+    f = tvm_ffi.get_global_func(name, allow_missing=True)
+    if f is None:
+        raise ExecError(f"TVM runtime function {name} is not registered (is {TVM_RUNTIME_LIB} loaded?)")
+    return f
+
+
+# ---------------------------------------------------------------------------
+# PTX cache and the load-time compile callback
+# ---------------------------------------------------------------------------
+
+
+def ptx_key(cuda_source: str) -> str:
+    """Cache key of a CUDA C source: the SHA1 hex digest of its UTF-8 bytes."""
+    return hashlib.sha1(cuda_source.encode("utf-8")).hexdigest()
+
+
+def compile_ptx(cuda_source: str, cache_dir: str | os.PathLike, arch: str = "sm_90", timeout_s: float = 600.0) -> Path:
+    """``nvcc --ptx -arch=ARCH -O3`` of ``cuda_source`` into ``cache_dir/<sha1>.ptx`` (atomic
+    rename; an existing entry is kept). Returns the path. Raises :class:`BuildError` with
+    nvcc's first error lines (or when nvcc is absent)."""
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    out = cache / f"{ptx_key(cuda_source)}.ptx"
+    if out.is_file():
+        return out
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise BuildError("no nvcc on PATH: cannot compile the CUDA source to PTX")
+    with tempfile.TemporaryDirectory(prefix="stp-ptx-", dir=cache) as tmp:
+        src, ptx = Path(tmp) / "k.cu", Path(tmp) / "k.ptx"
+        src.write_text(cuda_source, encoding="utf-8")
+        try:
+            p = subprocess.run([nvcc, "--ptx", f"-arch={arch}", *PTX_FLAGS, "-o", str(ptx), str(src)],
+                               capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"nvcc timed out after {timeout_s:.0f} s") from None
+        if p.returncode != 0:
+            lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
+            errs = [ln for ln in lines if "error" in ln.lower()] or lines
+            raise BuildError(f"nvcc failed (exit {p.returncode}): {' | '.join(errs[:3])}")
+        os.replace(ptx, out)
+    return out
+
+
+def _ptx_callback(code, *_rest) -> bytes:
+    """``tvm_callback_cuda_compile``: the cached PTX of ``code`` (compiled on a miss)."""
+    code = str(code)
+    key = ptx_key(code)
+    for d in _PTX_DIRS:
+        f = d / f"{key}.ptx"
+        if f.is_file():
+            return f.read_bytes()
+    if not _PTX_DIRS:
+        raise RuntimeError("steptp: no PTX cache directory registered")
+    return compile_ptx(code, _PTX_DIRS[0], _PTX_ARCH[0]).read_bytes()
+
+
+def register_ptx_cache(cache_dir: str | os.PathLike, arch: str = "sm_90") -> None:
+    """Register ``tvm_callback_cuda_compile`` (``override=True``) so that loading a module
+    whose device code is CUDA C returns the PTX from ``cache_dir`` (searched first; several
+    directories may be registered), keyed by :func:`ptx_key`; a miss is compiled with nvcc
+    for ``arch`` into the first directory registered."""
+    import tvm_ffi  # noqa: PLC0415
+
+    with _LOCK:
+        d = Path(cache_dir).resolve()
+        if d in _PTX_DIRS:
+            _PTX_DIRS.remove(d)
+        _PTX_DIRS.insert(0, d)
+        _PTX_ARCH[0] = arch
+        tvm_ffi.register_global_func("tvm_callback_cuda_compile", _ptx_callback, override=True)
+
+
+# ---------------------------------------------------------------------------
+# Modules, tensors, runs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter of an exported module (``manifest.json``): LEIR ``name``,
+    ``shape`` (elements), numpy ``dtype`` name, ``role`` (input/param/constant/output)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str
+
+    @property
+    def is_output(self) -> bool:
+        return self.role == "output"
+
+
+@dataclass
+class Built:
+    """An exported module on disk (:func:`steptp.backend.perf.export_cuda` writes it):
+    ``lib`` (``kernel.so``), ``ptx_dir``, ``params`` (call order), ``device``
+    (``cuda``/``cpu``), ``arch``, ``cuda_sha1`` (key of its PTX; '' for cpu), ``program``."""
+
+    directory: Path
+    lib: Path
+    ptx_dir: Path | None
+    params: tuple[Param, ...]
+    device: str
+    arch: str = ""
+    cuda_sha1: str = ""
+    program: str = ""
+
+
+MANIFEST = "manifest.json"
+
+
+def read_built(directory: str | os.PathLike) -> Built:
+    """The :class:`Built` of a directory written by ``export_cuda`` / ``export_cpu``
+    (``manifest.json`` + library). Raises :class:`ExecError` when it is incomplete."""
+    d = Path(directory)
+    try:
+        m = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
+        params = tuple(Param(p["name"], tuple(int(s) for s in p["shape"]), p["dtype"], p["role"]) for p in m["params"])
+        lib = d / m["lib"]
+        ptx = d / m["ptx_dir"] if m.get("ptx_dir") else None
+        built = Built(d, lib, ptx, params, m["device"], m.get("arch", ""), m.get("cuda_sha1", ""), m.get("program", ""))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ExecError(f"{d}: not a built module directory ({MANIFEST}: {e})") from None
+    if not built.lib.is_file():
+        raise ExecError(f"{d}: {built.lib.name} is missing")
+    return built
+
+
+def write_manifest(built: Built) -> None:
+    """Write ``manifest.json`` of ``built`` (paths relative to its directory)."""
+    m = {"lib": built.lib.name, "ptx_dir": (os.path.relpath(built.ptx_dir, built.directory) if built.ptx_dir else None),
+         "device": built.device, "arch": built.arch, "cuda_sha1": built.cuda_sha1, "program": built.program,
+         "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "role": p.role} for p in built.params]}
+    (built.directory / MANIFEST).write_text(json.dumps(m, indent=1) + "\n", encoding="utf-8")
+
+
+def _device(device: str):
+    import tvm_ffi  # noqa: PLC0415
+
+    return tvm_ffi.device(device, 0)
+
+
+def load_built(built: Built, lib_dir: str | os.PathLike | None = None):
+    """Load ``built.lib`` with ``tvm_ffi.load_module`` after :func:`load_runtime` and (cuda)
+    :func:`register_ptx_cache`. The CUDA part is compiled (cached PTX) and loaded into the
+    driver here. Raises :class:`ExecError` with TVM's / CUDA's text."""
+    import tvm_ffi  # noqa: PLC0415
+
+    load_runtime(built.device, lib_dir)
+    if built.device == "cuda" and built.ptx_dir is not None:
+        register_ptx_cache(built.ptx_dir, built.arch or "sm_90")
+    try:
+        return tvm_ffi.load_module(str(built.lib))
+    except Exception as e:  # noqa: BLE001
+        raise ExecError(f"cannot load {built.lib}: {_short(e)}") from None
+
+
+def _short(e: BaseException, limit: int = 400) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    # TVM errors end with the message after a traceback; keep the last meaningful lines
+    msg = " | ".join(ln for ln in lines if not ln.startswith(("File ", "at ", "[bt]")))[-limit:]
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def to_device(arr: np.ndarray, device: str, dtype: str | None = None):
+    """A runtime tensor on ``device`` holding a copy of ``arr`` (C order; any dtype,
+    bfloat16 included: the bytes are copied with ``runtime.TVMTensorCopyFromBytes``)."""
+    import tvm_ffi  # noqa: PLC0415
+
+    a = np.ascontiguousarray(arr)
+    t = _global("runtime.TVMTensorAllocWithScope")(tvm_ffi.Shape([int(s) for s in a.shape]),
+                                                    tvm_ffi.dtype(dtype or _dtype_name(a.dtype)), _device(device), None)
+    _global("runtime.TVMTensorCopyFromBytes")(t, a.ctypes.data_as(ctypes.c_void_p), a.nbytes)
+    return t
+
+
+def from_device(t, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """Copy a runtime tensor back into a new numpy array of ``shape``/``dtype``."""
+    out = np.empty(tuple(shape), dtype=dtype)
+    _global("runtime.TVMTensorCopyToBytes")(t, out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
+    return out
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    return "bfloat16" if dt.name == "bfloat16" else str(dt)
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def sync(device: str) -> None:
+    """Wait for the device's default stream (surfaces asynchronous CUDA faults)."""
+    _global("runtime.Device_StreamSync")(_device(device), 0)
+
+
+def device_args(params: Sequence[Param], device: str, arrays: Mapping[str, np.ndarray]) -> list:
+    """Runtime tensors on ``device`` in parameter order: every non-output from ``arrays``;
+    outputs from ``arrays`` when given (e.g. poisoned), else zeros. Raises
+    :class:`ExecError` for a missing input or a wrong shape."""
+    args = []
+    for p in params:
+        want = _np_dtype(p.dtype)
+        if p.name in arrays:
+            a = np.asarray(arrays[p.name])
+            if tuple(a.shape) != p.shape:
+                raise ExecError(f"tensor {p.name} has shape {list(a.shape)}, expected {list(p.shape)}")
+            a = a.astype(want, copy=False)
+        elif p.is_output:
+            a = np.zeros(p.shape, dtype=want)
+        else:
+            raise ExecError(f"missing input tensor {p.name} ({p.role}, {p.dtype}{list(p.shape)})")
+        args.append(to_device(a, device, p.dtype))
+    return args
+
+
+def run_module(built: Built, input_sets: Sequence[Mapping[str, np.ndarray]], module=None,
+               lib_dir: str | os.PathLike | None = None) -> list[dict[str, np.ndarray]]:
+    """Run an exported module once per input set on its device; returns the outputs of each
+    run by name (numpy). Outputs start from the arrays given under their names (the
+    verification passes poisoned outputs), else zeros. A kernel fault (illegal address,
+    launch failure...) raises :class:`ExecError` with the CUDA error text."""
+    mod = module if module is not None else load_built(built, lib_dir)
+    outs = []
+    for k, arrays in enumerate(input_sets):
+        args = device_args(built.params, built.device, arrays)
+        try:
+            mod["main"](*args)
+            sync(built.device)
+        except Exception as e:  # noqa: BLE001
+            raise ExecError(f"trial {k}: kernel execution failed on {built.device}: {_short(e)}") from None
+        res = {}
+        for p, t in zip(built.params, args):
+            if p.is_output:
+                try:
+                    res[p.name] = from_device(t, p.shape, _np_dtype(p.dtype))
+                except Exception as e:  # noqa: BLE001
+                    raise ExecError(f"trial {k}: copying {p.name} back failed: {_short(e)}") from None
+        outs.append(res)
+    return outs
+
+
+def time_function(module, device: str, args: Sequence, *, number: int, repeat: int, min_repeat_ms: float = 0.0,
+                  func: str = "main") -> list[float]:
+    """TVM ``time_evaluator`` of ``module[func](*args)`` on ``device``: one warm-up call,
+    then ``repeat`` measurements, each the mean time of ``number`` consecutive calls, in
+    **seconds**; ``min_repeat_ms`` > 0 lets TVM raise ``number`` until one measurement lasts
+    that long. Source: ``tvm.runtime.Module.time_evaluator`` (apache-tvm 0.27,
+    ``runtime.RPCTimeEvaluator``; notes §4). Raises :class:`ExecError` on a fault."""
+    dev = _device(device)
+    try:
+        feval = _global("runtime.RPCTimeEvaluator")(module, func, dev.dlpack_device_type(), dev.index, int(number),
+                                                    int(repeat), int(min_repeat_ms), 100, 0, 1, 0, "")
+        blob = feval(*args)
+    except ExecError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ExecError(f"timing failed on {device}: {_short(e)}") from None
+    return list(struct.unpack("@" + "d" * int(repeat), bytes(blob)))
+
+
+__all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",
+           "cuda_devices", "device_name", "nvcc_path", "cuda_available", "load_runtime", "ptx_key", "compile_ptx",
+           "register_ptx_cache", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
+           "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]
