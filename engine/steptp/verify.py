@@ -36,6 +36,7 @@ to the tensor dtype; the generator is ``numpy.random.default_rng([seed, trial])`
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -377,6 +378,9 @@ class VerifyResult:
     * ``max_abs_err`` / ``max_rel_err``: maxima over trials and outputs (see :func:`compare`);
       ``None`` when nothing was compared.
     * ``trials``: number of trials whose outputs were compared.
+    * ``device``: where the checked program ran (``cpu``, or ``cuda`` with
+      ``verify_pair(..., device="cuda")``); :meth:`to_dict` records it only when it is not
+      ``cpu``, so CPU records stay as they were.
     """
 
     diff: bool = False
@@ -387,6 +391,7 @@ class VerifyResult:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     trials: int = 0
+    device: str = "cpu"
 
     @property
     def ok(self) -> bool:
@@ -395,6 +400,8 @@ class VerifyResult:
     def to_dict(self) -> dict:
         """JSON-ready dict (non-finite errors become ``None``; see ``reason`` for why)."""
         d = asdict(self)
+        if d["device"] == "cpu":
+            del d["device"]
         for k in ("max_abs_err", "max_rel_err"):
             v = d[k]
             if v is not None and not math.isfinite(v):
@@ -431,6 +438,34 @@ def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig
     if runner is None:
         return run_lowered(cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch)
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
+
+
+#: Environment variable naming the default device of :func:`verify_pair` (``cpu`` / ``cuda``);
+#: ``stp dataset --device cuda`` sets it, so worker processes (spawned, they inherit the
+#: environment) verify on the GPU too.
+DEVICE_ENV = "STP_VERIFY_DEVICE"
+DEVICES = ("cpu", "cuda")
+
+
+def verify_device(device: str | None = None) -> str:
+    """``device``, else ``$STP_VERIFY_DEVICE``, else ``cpu``; ``ValueError`` if unknown."""
+    d = device or os.environ.get(DEVICE_ENV) or "cpu"
+    if d not in DEVICES:
+        raise ValueError(f"unknown verification device {d!r}; expected one of {DEVICES}")
+    return d
+
+
+def _execute_cuda(runner: IsolatedRunner | None, timeout_s: float, module: LeirModule, inputs: list[dict],
+                  limits: GpuLimits) -> tuple[list[dict], str]:
+    """Outputs per trial of ``module``'s GPU form run on the GPU (outputs start poisoned)
+    and its CUDA source: :func:`steptp.backend.perf.run_cuda_lowered` here or in ``runner``."""
+    from .backend.perf import run_cuda_lowered
+
+    poison = poison_outputs(module.signature)
+    inputs = [{**x, **poison} for x in inputs]
+    if runner is None:
+        return run_cuda_lowered(module.text(), inputs, limits)
+    return runner.call(run_cuda_lowered, module.text(), inputs, limits, timeout_s=timeout_s)
 
 
 def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
@@ -511,7 +546,8 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
                 timeout_s: float = 60.0, *, isolated: bool = False, runner: IsolatedRunner | None = None,
                 gpu_check: bool = True, nvcc: bool = False, require_diff: bool = True,
                 input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
-                limits: GpuLimits = DEFAULT_GPU, artifacts: dict | None = None) -> VerifyResult:
+                limits: GpuLimits = DEFAULT_GPU, artifacts: dict | None = None,
+                device: str | None = None) -> VerifyResult:
     """Verify that ``transformed`` computes what ``original`` computes (one strategy step).
 
     * Diff: canonical program texts differ; with ``require_diff`` (default) an unchanged
@@ -534,11 +570,19 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
       the ``tir_cuda`` texts with :func:`steptp.backend.build.nvcc_check` in that same
       process (its parse memo then holds them).
 
+    * ``device``: where ``transformed`` runs: ``cpu`` (the verification form, LLVM) or
+      ``cuda`` (its GPU form exported, loaded with the TVM runtime and run on the GPU,
+      outputs poisoned; :func:`steptp.backend.perf.run_cuda_lowered`); default
+      ``$STP_VERIFY_DEVICE`` or ``cpu``. The reference is the original's CPU run either
+      way; ``res.device`` records the device. Callers check
+      :func:`steptp.backend.cuda_runtime.cuda_available` first (a missing GPU is an Exec
+      failure here).
+
     If the original itself fails, every flag after Diff is False and ``reason`` starts with
     ``original program failed``. Never raises for a bad candidate; raises ``ValueError``
     for misuse (wrong reference shapes from ``input_fn`` etc.). Source: paper §3.4, §4.2.
     """
-    res = VerifyResult()
+    res = VerifyResult(device=verify_device(device))
     res.diff = format_program(original.program) != format_program(transformed.program)
     if not res.diff and require_diff:
         res.reason = "diff: the transformed program is identical to the original"
@@ -585,20 +629,25 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
             while len(_REF_CACHE) > _REF_CACHE_SIZE:
                 _REF_CACHE.popitem(last=False)
 
-    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits, artifacts)
+    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits, artifacts,
+                            res.device)
 
 
 def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], refs: list[Mapping],
                      run: IsolatedRunner | None, timeout_s: float, gpu_check: bool, nvcc: bool,
-                     limits: GpuLimits, artifacts: dict | None = None) -> VerifyResult:
+                     limits: GpuLimits, artifacts: dict | None = None, device: str = "cpu") -> VerifyResult:
     too_big = resource_problem(module)
     if too_big:
         res.reason = f"build: {too_big}"
         return res
     try:
-        cpu_text, cuda_text, cuda_src = _prepare(module, gpu_check, nvcc, limits)
-        outs, generated = _execute(run, timeout_s, cpu_text, module.signature, inputs,
-                                   cuda_text if cuda_src is None else None)
+        if device == "cuda":
+            _, cuda_text, cuda_src = _prepare(module, True, nvcc, limits)
+            outs, generated = _execute_cuda(run, timeout_s, module, inputs, limits)
+        else:
+            cpu_text, cuda_text, cuda_src = _prepare(module, gpu_check, nvcc, limits)
+            outs, generated = _execute(run, timeout_s, cpu_text, module.signature, inputs,
+                                       cuda_text if cuda_src is None else None)
         if artifacts is not None and cuda_text is not None:
             artifacts["tir_cuda"], artifacts["cuda"] = cuda_text, cuda_src or generated
     except (LoweringError, BuildError) as e:
@@ -663,4 +712,4 @@ def clear_reference_cache() -> None:
 
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
-           "verify_against", "default_runner", "clear_reference_cache"]
+           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICE_ENV"]

@@ -11,11 +11,12 @@ Exit codes: 0 success, 1 a check failed (verification, no match), 2 bad input.
 | ``steps`` | apply, verify |
 | ``data`` | dataset, corpus, report |
 | ``rules`` | rules list / lint / coverage / test |
+| ``timing`` | time, doctor |
 """
 
 from __future__ import annotations
 
-from . import program, steps, data, rules  # noqa: F401,I001  (registers the commands, in --help order)
+from . import program, steps, data, rules, timing  # noqa: F401,I001  (registers the commands, in --help order)
 from .app import app, rules_app
 
 __all__ = ["app", "rules_app", "main"]

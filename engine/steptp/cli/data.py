@@ -38,10 +38,24 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                                              "with -j CPUs unless --ray-address is given)."),
             ray_address: Optional[str] = typer.Option(None, "--ray-address",
                                                       help="Ray cluster address (ray://host:10001, host:6379, auto); "
-                                                           "implies --ray.")):
+                                                           "implies --ray."),
+            device: str = typer.Option("cpu", "--device",
+                                       help="Where transformed programs run during verification: cpu or cuda "
+                                            "(the GPU form on the GPU; references stay on the CPU).")):
     """Generate the dictionary dataset and the single/multi-answer chat sets (ms-swift messages).
 
     The output files do not depend on -j or --ray: programs are recorded in input order."""
+    from .timing import device_problem
+
+    problem = device_problem(device)
+    if problem:
+        fail(problem)  # before anything is created or changed under OUTDIR
+    if device != "cpu":
+        import os
+
+        from ..verify import DEVICE_ENV
+
+        os.environ[DEVICE_ENV] = device  # verify_pair's default, inherited by the spawned workers
     from ..dataset.generate import Options
     from ..dataset.pipeline import DatasetError, generate_dataset
     from ..resources import rules_dir

@@ -19,7 +19,10 @@ def verify(original: Path = typer.Argument(..., help="Original .leir file."),
            trials: int = typer.Option(3, "--trials", min=1),
            no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx."),
            timeout: float = typer.Option(300.0, "--timeout", min=1.0,
-                                         help="Time limit in seconds for building and running each program.")):
+                                         help="Time limit in seconds for building and running each program."),
+           device: str = typer.Option("cpu", "--device",
+                                      help="Where the transformed program runs: cpu (LLVM) or cuda (its GPU form on "
+                                           "the GPU; the reference is the original on the CPU).")):
     """Check a transformed program against its original: prints Diff/Build/Exec/Equal; exit 0 only on Equal.
 
     Build = CPU (llvm) build + GPU preflight + TVM CUDA codegen + nvcc --ptx (when nvcc is on PATH).
@@ -27,10 +30,17 @@ def verify(original: Path = typer.Argument(..., help="Original .leir file."),
     intermediates and outputs start as NaN (a read of an element never written fails), and
     programs whose buffers exceed 2 GiB are refused before anything runs."""
     from ..verify import verify_pair
+    from .timing import device_problem
 
+    problem = device_problem(device)
+    if problem:
+        fail(problem)
     a, b = load(original), load(transformed)
-    res = verify_pair(a, b, trials=trials, seed=seed, nvcc=not no_nvcc, isolated=True, timeout_s=timeout)
+    res = verify_pair(a, b, trials=trials, seed=seed, nvcc=not no_nvcc, isolated=True, timeout_s=timeout,
+                      device=device)
     print_verification(res)
+    if device != "cpu":
+        typer.echo(f"device {res.device}")
     if not res.equal:
         raise typer.Exit(1)
 

@@ -1,0 +1,135 @@
+"""``stp time`` (run time of LEIR programs and their speedups) and ``stp doctor`` (what this
+machine can build, run and time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .common import fail, load, semantic
+
+
+def device_problem(device: str) -> str:
+    """'' when ``--device`` can be used here, else ``--device cuda: <what is missing>``."""
+    if device == "cpu":
+        return ""
+    if device != "cuda":
+        return f"--device {device}: unknown device (expected cpu or cuda)"
+    from ..backend.cuda_runtime import cuda_available
+
+    why = cuda_available()
+    return f"--device cuda: {why}" if why else ""
+
+
+def _same_signature(a, b) -> bool:
+    def key(s):
+        return sorted((t.name, t.is_output, t.dtype, tuple(t.shape)) for t in s.tensors)
+
+    return key(a) == key(b)
+
+
+@app.command("time")
+def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speedups are against the first."),
+             device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+             as_json: bool = typer.Option(False, "--json", help="One JSON object per program."),
+             number: Optional[int] = typer.Option(None, "--number", min=1,
+                                                  help="Calls per measurement (default: enough for --min-repeat-ms)."),
+             repeat: int = typer.Option(10, "--repeat", min=1, help="Measurements per program (the paper used 3)."),
+             warmup: int = typer.Option(3, "--warmup", min=0, help="Calls before measuring."),
+             min_repeat_ms: float = typer.Option(10.0, "--min-repeat-ms", min=0.0,
+                                                 help="Minimum length of one measurement in milliseconds."),
+             seed: int = typer.Option(0, "--seed", help="Seed of the inputs (same for every program).")):
+    """Time programs: median, min, IQR and CV (microseconds per call), and the speedup of each
+    against the first (its median / this median; only between programs with the same signature).
+
+    Method: performance build (CPU: LLVM opt-level 3, P loops parallel, V loops vectorized,
+    bound loops serial; CUDA: the GPU form), seeded inputs, --warmup calls, then TVM's
+    time_evaluator with --repeat measurements of --number calls. CPU timings use
+    TVM_NUM_THREADS threads (1 unless set). Warns on stderr when CV > 5 %."""
+    from ..backend.errors import BackendError, LoweringError
+    from ..backend.timing import NOISY_CV, measure, speedup
+
+    problem = device_problem(device)
+    if problem:
+        fail(problem)
+    mods = []
+    for p in programs:
+        m = load(p)
+        semantic(p, m)
+        mods.append(m)
+    base = None
+    rows = []
+    for p, m in zip(programs, mods):
+        try:
+            t = measure(m, device, number=number, repeat=repeat, warmup=warmup, min_repeat_ms=min_repeat_ms,
+                        seed=seed)
+        except LoweringError as e:
+            fail(f"{p}: {e.reason}")
+        except BackendError as e:
+            fail(f"{p}: {e.stage}: {e.reason}", 1)
+        if base is None:
+            base = (m, t)
+        s = speedup(base[1], t) if _same_signature(base[0].signature, m.signature) else None
+        if t.cv > NOISY_CV:
+            typer.echo(f"warning: {p}: CV {t.cv:.1%} > {NOISY_CV:.0%}: noisy timing (raise --repeat or "
+                       f"--min-repeat-ms, or use a quieter machine)", err=True)
+        rows.append((p, m, t, s))
+        if as_json:
+            typer.echo(json.dumps({"program": str(p), "name": m.signature.name, **t.as_dict(), "speedup": s}))
+    if as_json:
+        return
+    w = max(len("program"), *(len(str(p)) for p, *_ in rows))
+    typer.echo(f"{'program':<{w}}  {'median_us':>11}  {'min_us':>11}  {'iqr_us':>10}  {'cv':>6}  {'speedup':>8}")
+    for p, _, t, s in rows:
+        sp = "n/a" if s is None else f"{s:.2f}x"
+        typer.echo(f"{str(p):<{w}}  {t.median_us:>11.3f}  {t.min_us:>11.3f}  {t.iqr_us:>10.3f}  {t.cv:>6.1%}  {sp:>8}")
+    t0 = rows[0][2]
+    typer.echo(f"({t0.device}, {t0.threads} TVM thread(s), {t0.repeats} measurements of {t0.number} call(s) each "
+               f"for the first program)", err=True)
+
+
+@app.command()
+def doctor():
+    """Print what this machine has for building, running and timing: TVM, tvm-ffi and torch versions,
+    nvcc, the CUDA runtime and driver, a CUDA device, TVM's thread count. Always exit 0."""
+    import os
+    from importlib import metadata
+
+    from ..backend import cuda_runtime as cr
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    rows = [("tvm", version("apache-tvm")), ("tvm-ffi", version("apache-tvm-ffi")), ("torch", version("torch"))]
+    nvcc = cr.nvcc_path()
+    if nvcc:
+        import subprocess
+
+        try:
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+            rel = next((ln.strip() for ln in out.splitlines() if "release" in ln), "version unknown")
+        except (OSError, subprocess.SubprocessError) as e:
+            rel = f"does not run: {e}"
+        rows.append(("nvcc", f"{nvcc} ({rel})"))
+    else:
+        rows.append(("nvcc", "not found on PATH"))
+    d = cr.tvm_lib_dir()
+    rows.append(("tvm runtime", str(d) if d else f"not found ({cr.TVM_RUNTIME_LIB})"))
+    rows.append(("cuda runtime", cr.find_cudart() or f"not found ({cr.CUDART_SONAME})"))
+    rows.append(("cuda driver", cr.find_libcuda() or f"not found ({cr.LIBCUDA_SONAME})"))
+    n, why = cr.cuda_devices()
+    rows.append(("cuda device", f"{n} ({cr.device_name(0)})" if n else f"none ({why})"))
+    threads = os.environ.get("TVM_NUM_THREADS")
+    rows.append(("tvm threads", f"TVM_NUM_THREADS={threads}" if threads else "TVM_NUM_THREADS unset (stp time uses 1)"))
+    problem = cr.cuda_available()
+    rows.append(("--device cuda", "available" if problem is None else f"unavailable: {problem}"))
+    w = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        typer.echo(f"{k:<{w}}  {v}")
