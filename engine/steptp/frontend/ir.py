@@ -11,7 +11,7 @@ A PyTorch graph value becomes one of four :class:`Value` kinds:
 * :class:`Lazy` - an elementwise expression evaluated where it is read (boolean masks).
 
 Every value can be *read* at an index tuple (one index expression per dimension), which
-yields the LEIR expression for that element. Lowering functions (``ops.py``) build nests
+yields the LEIR expression for that element. Lowering functions (``ops/``) build nests
 with :class:`Emitter`: :meth:`Emitter.space` makes the loops of an iteration space
 following the binding policy below, :meth:`Emitter.emit` appends a nest after simplifying
 its subscripts (``(tx*16+a)//16`` -> ``tx``).
