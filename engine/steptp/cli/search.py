@@ -1,0 +1,136 @@
+"""``stp search``: multi-step optimisation of programs (paper §4.4, App. B.2); a thin layer
+over :mod:`steptp.search`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .common import fail
+
+ALGORITHM_HELP = "greedy, beam, bfs, dfs, mcts, chain or chain-no-parent (paper App. B.2)."
+
+
+@app.command()
+def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch .py files (translated) or "
+                                                           "directories of them."),
+           out: Path = typer.Option(..., "-o", "--out", help="Output directory (one sub-directory per program "
+                                                              "when there are several; resumable)."),
+           algorithm: str = typer.Option("greedy", "--algorithm", "-a", help=ALGORITHM_HELP),
+           policy: str = typer.Option("engine", "--policy", help="engine (rule engine), llm (chat endpoint) or "
+                                                                 "replay (JSONL file)."),
+           rank: str = typer.Option("random", "--rank", help="Engine policy: random (seeded) or cost (static "
+                                                             "cost model) choice of the K candidates."),
+           endpoint: Optional[str] = typer.Option(None, "--endpoint", help="OpenAI-compatible URL, e.g. "
+                                                                           "http://127.0.0.1:8000/v1 (--policy llm)."),
+           model: Optional[str] = typer.Option(None, "--model", help="Model name at the endpoint (--policy llm)."),
+           api_key: Optional[str] = typer.Option(None, "--api-key", help="Default: $OPENAI_API_KEY."),
+           replay: Optional[Path] = typer.Option(None, "--replay", help="JSONL proposals (--policy replay)."),
+           target: str = typer.Option("cpu", "--target", help="cpu or cuda: where candidates are verified and "
+                                                               "timed."),
+           iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min=1,
+                                                    help="Iterations (expansions for bfs/dfs); default 20."),
+           breadth: Optional[int] = typer.Option(None, "--breadth", min=1, help="Greedy: candidates per step (2)."),
+           per_node: Optional[int] = typer.Option(None, "--per-node", min=1,
+                                                  help="Beam 3, bfs/dfs 2, mcts 1: candidates per expansion."),
+           beam_k: Optional[int] = typer.Option(None, "--beam-k", min=1, help="Beam: frontier size k (2)."),
+           max_depth: Optional[int] = typer.Option(None, "--max-depth", min=1, help="bfs/dfs: max depth (20)."),
+           exploration: Optional[float] = typer.Option(None, "--exploration", min=0.0,
+                                                       help="MCTS: UCT exploration constant c (sqrt 2)."),
+           rollout_depth: Optional[int] = typer.Option(None, "--rollout-depth", min=0,
+                                                       help="MCTS: policy steps per rollout (1)."),
+           max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1,
+                                                     help="Stop a search after this many verified samples."),
+           per_rule: int = typer.Option(8, "--per-rule", min=1,
+                                        help="Engine policy: at most N candidates per rule and program."),
+           seed: int = typer.Option(0, "--seed"),
+           temperature: float = typer.Option(0.3, "--temperature", min=0.0, help="LLM sampling temperature (paper: "
+                                                                                 "0.3)."),
+           max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1),
+           request_timeout: float = typer.Option(600.0, "--request-timeout", min=1.0,
+                                                 help="Seconds per LLM request."),
+           timeout: float = typer.Option(120.0, "--timeout", min=1.0,
+                                         help="Seconds to verify one candidate (worker process)."),
+           export_chat: Optional[Path] = typer.Option(None, "--export-chat",
+                                                      help="Also write each best trajectory as a multi-step chat "
+                                                           "record (ms-swift {\"messages\": [...]}) to this JSONL."),
+           quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars.")):
+    """Search for a faster equivalent program: every candidate is verified against the root
+    (3 seeded trials) and only Equal ones are timed (samples).
+
+    Writes OUT/summary.json (samples, speedup = Runtime_root/Runtime_best, strategies,
+    efficiency = speedup/samples, best, trajectory), OUT/best.leir and OUT/tree.jsonl per
+    program, and OUT/report.md (Table 3/4-style rows, speedup-vs-samples plot). Exit 0 when
+    the searches ran (a search without any speedup included), 1 when the endpoint is
+    unreachable, 2 for bad input or an unavailable --target."""
+    from ..search import ALGORITHMS, POLICIES, SearchConfig, SearchInputError, TargetUnavailable
+    from ..search.run import export_chat as do_export
+    from ..search.run import search_many
+
+    if algorithm not in ALGORITHMS:
+        fail(f"--algorithm {algorithm}: expected one of {', '.join(ALGORITHMS)}")
+    if policy not in POLICIES:
+        fail(f"--policy {policy}: expected one of {', '.join(POLICIES)}")
+    if rank not in ("random", "cost"):
+        fail(f"--rank {rank}: expected random or cost")
+    if target not in ("cpu", "cuda"):
+        fail(f"--target {target}: expected cpu or cuda")
+    if target == "cuda":
+        from ..search.evaluate import cuda_problem
+
+        why = cuda_problem()
+        if why:
+            fail(f"--target cuda: {why}")
+    if policy == "replay" and replay is None:
+        fail("--policy replay needs --replay FILE.jsonl")
+    if policy == "llm" and (not endpoint or not model):
+        fail("--policy llm needs --endpoint URL and --model NAME")
+    if out.exists() and not out.is_dir():
+        fail(f"{out}: exists and is not a directory")
+    client = None
+    if policy == "llm":
+        from ..llm.client import ChatClient, EndpointError
+
+        try:
+            client = ChatClient(endpoint, model, api_key=api_key, timeout_s=request_timeout)
+            client.check()
+        except EndpointError as e:
+            fail(str(e), 1)
+    overrides = {"breadth": breadth, "per_node": per_node, "k": beam_k, "max_depth": max_depth, "c": exploration,
+                 "rollout_depth": rollout_depth}
+    from ..search.algorithms import DEFAULTS
+
+    bad = [k for k, v in overrides.items() if v is not None and k not in DEFAULTS[algorithm]]
+    if bad:
+        names = {"breadth": "--breadth", "per_node": "--per-node", "k": "--beam-k", "max_depth": "--max-depth",
+                 "c": "--exploration", "rollout_depth": "--rollout-depth"}
+        fail(f"{', '.join(names[b] for b in bad)}: not a parameter of --algorithm {algorithm}")
+    cfg = SearchConfig(algorithm=algorithm, policy=policy, rank=rank, target=target, seed=seed, iterations=iterations,
+                       overrides={k: v for k, v in overrides.items() if v is not None}, per_rule=per_rule,
+                       timeout_s=timeout, max_samples=max_samples, temperature=temperature, max_tokens=max_tokens,
+                       replay=str(replay) if replay else None, progress=not quiet)
+    errors: list[str] = []
+    try:
+        sms = search_many([str(p) for p in programs], out, cfg, client=client,
+                          on_error=lambda p, m: errors.append(m))
+    except SearchInputError as e:
+        fail(str(e))
+    except TargetUnavailable as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{getattr(e, 'filename', None) or out}: {e.strerror or e}")
+    for m in errors:
+        typer.echo(f"skipped: {m}", err=True)
+    for sm in sms:
+        eager = sm.get("speedup_vs_eager")
+        extra = "" if eager is None or not math.isfinite(eager) else f"  vs eager {eager:.2f}x"
+        typer.echo(f"{sm['program']}: {sm['algorithm']}/{sm['policy']} samples {sm['samples']}  speedup "
+                   f"{sm['speedup']:.2f}x  strategies {sm['strategies']}  efficiency {sm['efficiency']:.2f}{extra}")
+    typer.echo(f"wrote {Path(out) / 'report.md'}", err=True)
+    if export_chat is not None:
+        n = do_export(out, export_chat)
+        typer.echo(f"wrote {n} chat record(s) to {export_chat}", err=True)

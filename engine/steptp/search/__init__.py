@@ -1,0 +1,31 @@
+"""Multi-step optimisation (paper §4.4, App. B.2): search algorithms over LEIR programs,
+guided by a policy, every candidate verified against the root program and timed.
+
+Layers (algorithms never know about HTTP, TVM or rules)::
+
+    policies.py    Policy.propose(node, history, k) -> [Proposal]: EnginePolicy (rules, random or
+                   static-cost ranking, cost.py), ReplayPolicy (JSONL), LLMPolicy (chat endpoint,
+                   templates/search_prompt.j2)
+    algorithms.py  greedy, beam, bfs, dfs, mcts (UCT), chain, chain-no-parent over a core.Search
+    evaluate.py    Measure: verify_pair against the root (3 trials), time Equal candidates
+    core.py        Proposal, Node, Search (tree, dedupe, revert rejection, samples, best)
+    run.py         search_program / search_many: summary.json, best.leir, tree.jsonl, report.md,
+                   chat export
+
+Typical use::
+
+    from steptp.search import SearchConfig, search_program
+    summary = search_program("examples/softmax.leir", "out/s", SearchConfig(algorithm="greedy", iterations=10))
+"""
+
+from .algorithms import ALGORITHMS, DEFAULTS, run_algorithm
+from .core import Evaluation, Node, Proposal, Search, canonical
+from .evaluate import Measure, TargetUnavailable, cuda_problem
+from .policies import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy, parse_proposals, render_prompt
+from .run import (POLICIES, SearchConfig, SearchInputError, export_chat, search_many, search_program,
+                  write_report)
+
+__all__ = ["ALGORITHMS", "DEFAULTS", "run_algorithm", "Evaluation", "Node", "Proposal", "Search", "canonical",
+           "Measure", "TargetUnavailable", "cuda_problem", "EnginePolicy", "LLMPolicy", "ReplayPolicy",
+           "ReplayError", "parse_proposals", "render_prompt", "POLICIES", "SearchConfig", "SearchInputError",
+           "export_chat", "search_many", "search_program", "write_report"]

@@ -1,0 +1,213 @@
+"""The seven search algorithms of paper §4.4 / App. B.2, over a :class:`~steptp.search.core.Search`.
+
+Each function drives ``search.expand(node, k)`` (ask the policy for ``k`` proposals at
+``node``, verify and time them; returns the Equal children, fastest first) and stops at
+its budget; the best node and the tree live in the :class:`Search`. No algorithm knows
+about HTTP, TVM or rules. Defaults are the paper's (App. B.2):
+
+=================  ==========================================================================
+greedy             20 iterations, breadth 2: expand the current node with 2 candidates, move
+                   to the fastest Equal child (the locally best one, even when slower than
+                   the current node); an iteration without an Equal child stays put.
+beam               20 iterations, 3 candidates per node, keep the top k=2 children (by time)
+                   of the whole frontier as the next frontier.
+bfs / dfs          max depth 20, 2 candidates per node; FIFO / LIFO order of expansion. The
+                   paper gives no node budget; ``iterations`` (default 20) bounds the number
+                   of expansions so that a search ends (2^20 nodes otherwise).
+mcts               20 iterations of UCT (Kocsis & Szepesvári 2006): selection by
+                   ``Q/N + c*sqrt(ln N_parent / N_child)`` with c = sqrt(2) (UCB1, Auer et
+                   al. 2002), expansion of one new child per iteration (a node is fully
+                   expanded at 2 children or when the policy has nothing more), a rollout
+                   of ``rollout_depth`` (default 1) further policy steps from the new child,
+                   reward = log(speedup) of the best program met on the expansion + rollout
+                   (0 when nothing verified), backed up along the path (mean value Q/N).
+chain              20 iterations, 1 candidate per step, the prompt shows the parent; the
+                   chain moves to the new program whenever it verifies.
+chain-no-parent    as chain, but the policy sees no history (no parent).
+=================  ==========================================================================
+
+Every parameter is a keyword argument; :data:`DEFAULTS` lists them per algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from .core import Node, Search, log_speedup
+
+#: Paper defaults (App. B.2) per algorithm; override any with keyword arguments.
+DEFAULTS: dict[str, dict] = {
+    "greedy": {"iterations": 20, "breadth": 2},
+    "beam": {"iterations": 20, "per_node": 3, "k": 2},
+    "bfs": {"iterations": 20, "max_depth": 20, "per_node": 2},
+    "dfs": {"iterations": 20, "max_depth": 20, "per_node": 2},
+    "mcts": {"iterations": 20, "per_node": 1, "max_children": 2, "rollout_depth": 1, "c": math.sqrt(2)},
+    "chain": {"iterations": 20},
+    "chain-no-parent": {"iterations": 20},
+}
+
+ALGORITHMS = tuple(DEFAULTS)
+
+
+def _tick(s: Search, it: int) -> None:
+    s.iteration = it
+
+
+def greedy(s: Search, iterations: int = 20, breadth: int = 2) -> None:
+    """Greedy search (see the module table)."""
+    cur = s.root
+    for it in range(iterations):
+        _tick(s, it)
+        if s.exhausted:
+            return
+        kids = s.expand(cur, breadth)
+        if kids:
+            cur = kids[0]
+
+
+def beam(s: Search, iterations: int = 20, per_node: int = 3, k: int = 2) -> None:
+    """Beam search (see the module table)."""
+    frontier = [s.root]
+    for it in range(iterations):
+        _tick(s, it)
+        pool: list[Node] = []
+        for n in frontier:
+            if s.exhausted:
+                return
+            pool.extend(s.expand(n, per_node))
+        if pool:
+            pool.sort(key=lambda n: n.time_us)
+            frontier = pool[:k]
+
+
+def _tree_search(s: Search, lifo: bool, iterations: int, max_depth: int, per_node: int) -> None:
+    todo = deque([s.root])
+    for it in range(iterations):
+        if not todo or s.exhausted:
+            return
+        _tick(s, it)
+        node = todo.pop() if lifo else todo.popleft()
+        kids = s.expand(node, per_node)
+        kids = [c for c in kids if c.depth < max_depth]
+        # DFS visits the fastest child first (it is pushed last)
+        todo.extend(reversed(kids) if lifo else kids)
+
+
+def bfs(s: Search, iterations: int = 20, max_depth: int = 20, per_node: int = 2) -> None:
+    """Breadth-first search (see the module table)."""
+    _tree_search(s, False, iterations, max_depth, per_node)
+
+
+def dfs(s: Search, iterations: int = 20, max_depth: int = 20, per_node: int = 2) -> None:
+    """Depth-first search (see the module table)."""
+    _tree_search(s, True, iterations, max_depth, per_node)
+
+
+class _Stats:
+    __slots__ = ("n", "w", "kids", "closed")
+
+    def __init__(self):
+        self.n = 0
+        self.w = 0.0
+        self.kids: list[Node] = []
+        self.closed = False  # the policy has nothing more here
+
+
+def mcts(s: Search, iterations: int = 20, per_node: int = 1, max_children: int = 2, rollout_depth: int = 1,
+         c: float = math.sqrt(2)) -> None:
+    """Monte Carlo tree search with UCT (see the module table)."""
+    st: dict[int, _Stats] = {}
+
+    def stats(n: Node) -> _Stats:
+        return st.setdefault(n.id, _Stats())
+
+    def expandable(n: Node) -> bool:
+        x = stats(n)
+        return not x.closed and len(x.kids) < max_children
+
+    for it in range(iterations):
+        if s.exhausted:
+            return
+        _tick(s, it)
+        # selection
+        path = [s.root]
+        node = s.root
+        while not expandable(node):
+            x = stats(node)
+            live = [k for k in x.kids if not (stats(k).closed and not stats(k).kids)]
+            if not live:
+                break
+            ln = math.log(max(x.n, 1))
+
+            def uct(k: Node) -> float:
+                y = stats(k)
+                if y.n == 0:
+                    return math.inf
+                return y.w / y.n + c * math.sqrt(ln / y.n)
+
+            node = max(live, key=lambda k: (uct(k), -k.id))
+            path.append(node)
+        # expansion
+        reward = 0.0
+        if expandable(node):
+            kids = s.expand(node, per_node)
+            if not kids:
+                stats(node).closed = True
+            else:
+                stats(node).kids.extend(kids)
+                child = kids[0]
+                path.append(child)
+                reward = max(log_speedup(k) for k in kids)
+                # rollout: the policy continues from the new child; its nodes stay in the tree
+                cur = child
+                for _ in range(rollout_depth):
+                    if s.exhausted:
+                        break
+                    more = s.expand(cur, 1)
+                    if not more:
+                        break
+                    cur = more[0]
+                    reward = max(reward, log_speedup(cur))
+        else:
+            stats(node).closed = True
+        for n in path:
+            x = stats(n)
+            x.n += 1
+            x.w += reward
+
+
+def chain(s: Search, iterations: int = 20, with_parent: bool = True) -> None:
+    """Chain-based search (see the module table)."""
+    cur = s.root
+    for it in range(iterations):
+        if s.exhausted:
+            return
+        _tick(s, it)
+        kids = s.expand(cur, 1, with_parent=with_parent)
+        if kids:
+            cur = kids[0]
+
+
+def chain_no_parent(s: Search, iterations: int = 20) -> None:
+    """Chain-based search without the parent in the prompt."""
+    chain(s, iterations, with_parent=False)
+
+
+FUNCTIONS = {"greedy": greedy, "beam": beam, "bfs": bfs, "dfs": dfs, "mcts": mcts, "chain": chain,
+             "chain-no-parent": chain_no_parent}
+
+
+def run_algorithm(name: str, s: Search, **overrides) -> None:
+    """Run algorithm ``name`` on ``s`` with :data:`DEFAULTS` updated by ``overrides``
+    (unknown keys raise ``ValueError``; ``None`` values keep the default)."""
+    if name not in FUNCTIONS:
+        raise ValueError(f"unknown algorithm {name!r}; one of {', '.join(ALGORITHMS)}")
+    params = dict(DEFAULTS[name])
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        if k not in params:
+            raise ValueError(f"algorithm {name} has no parameter {k!r} (it has {', '.join(params)})")
+        params[k] = v
+    FUNCTIONS[name](s, **params)

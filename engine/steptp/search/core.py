@@ -1,0 +1,243 @@
+"""Search state shared by policies, algorithms and the evaluator: :class:`Proposal`,
+:class:`Node`, :class:`Tree` and the :class:`Search` context that algorithms drive.
+
+Nothing here knows about HTTP or TVM: a :class:`Search` is given a policy (anything with
+``propose(node, history, k)``) and an evaluator (anything with ``root_time_us`` and
+``evaluate(module) -> Evaluation``) and records every node it sees.
+
+Metrics (paper §4.4): a *sample* is a candidate that verified Equal against the root and
+was timed; speedup = Runtime_root / Runtime_node; the best trajectory is the path from the
+root to the fastest node.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..leir import LeirModule, format_program
+
+
+def canonical(module: LeirModule) -> str:
+    """Canonical program text (the printer's output, no header): the dedupe key."""
+    return format_program(module.program)
+
+
+@dataclass
+class Proposal:
+    """One candidate next program: ``module`` (a LeirModule over the root's known
+    tensors), ``strategy`` (a rule id or the model's strategy name), ``site`` (text, or
+    None), ``params`` (JSON-friendly dict) and ``cot`` (the step's chain of thought, '' if
+    none)."""
+
+    module: LeirModule
+    strategy: str
+    site: str | None = None
+    params: dict = field(default_factory=dict)
+    cot: str = ""
+
+
+@dataclass
+class Evaluation:
+    """What the evaluator says about one candidate: ``status`` is ``equal`` (verified and
+    timed: a sample) or a rejection (``not_equal``, ``timing_failed``); ``time_us`` the
+    runtime in microseconds (equal only); ``reason`` the first failure."""
+
+    status: str
+    time_us: float | None = None
+    reason: str = ""
+    verify: dict | None = None
+    seconds: dict = field(default_factory=dict)  # time spent per stage (verify, time)
+
+
+class Evaluator(Protocol):
+    root_time_us: float
+
+    def evaluate(self, module: LeirModule) -> Evaluation: ...
+
+
+class Policy(Protocol):
+    def propose(self, node: "Node", history: list["Node"], k: int) -> list[Proposal]: ...
+
+
+@dataclass
+class Node:
+    """A program in the search tree. ``status``: ``root``, ``equal`` (a sample), or why it
+    was rejected (``revert`` to an ancestor, ``duplicate`` of a program already seen,
+    ``not_equal``, ``timing_failed``, ``invalid``). ``speedup`` = root time / ``time_us``."""
+
+    id: int
+    parent: int | None
+    depth: int
+    module: LeirModule
+    text: str
+    strategy: str | None = None
+    site: str | None = None
+    params: dict = field(default_factory=dict)
+    cot: str = ""
+    status: str = "root"
+    reason: str = ""
+    time_us: float | None = None
+    speedup: float | None = None
+    sample: int | None = None  # 1-based sample index (equal nodes only)
+    iteration: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("root", "equal")
+
+    def record(self) -> dict:
+        """One ``tree.jsonl`` line."""
+        return {"id": self.id, "parent": self.parent, "depth": self.depth, "status": self.status,
+                "reason": self.reason, "strategy": self.strategy, "site": self.site,
+                "params": _jsonable(self.params), "time_us": self.time_us, "speedup": self.speedup,
+                "sample": self.sample, "iteration": self.iteration, "leir": self.text}
+
+
+def _jsonable(v: Any):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    try:
+        from ..leir.printer import format_node
+
+        return format_node(v)  # LEIR subterms (math-rule parameter domains) as LEIR text
+    except Exception:  # noqa: BLE001 - any other value is recorded as its text
+        return str(v)
+
+
+@dataclass
+class Timer:
+    """Seconds spent per stage (``propose``, ``verify``, ``time``)."""
+
+    seconds: dict = field(default_factory=lambda: {"propose": 0.0, "verify": 0.0, "time": 0.0})
+
+    def add(self, stage: str, s: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + s
+
+
+class Search:
+    """The state of one search: the tree, the sample count, the best node.
+
+    Algorithms call :meth:`expand` (ask the policy for ``k`` proposals at a node and
+    evaluate each) and read :attr:`best`. Each proposal is checked in this order:
+    same canonical text as the node or an ancestor -> ``revert`` (the paper's prompt
+    forbids reverting to the parent; we reject any ancestor); same text as any other node
+    already seen -> ``duplicate`` (not verified again, not a sample); otherwise the
+    evaluator verifies it against the root and times it (``equal`` nodes are samples).
+    ``max_samples`` (optional) stops the search once reached (:attr:`exhausted`).
+    """
+
+    def __init__(self, root: LeirModule, policy: Policy, evaluator: Evaluator, *, max_samples: int | None = None,
+                 progress=None, timer: Timer | None = None):
+        self.policy = policy
+        self.evaluator = evaluator
+        self.max_samples = max_samples
+        self.progress = progress
+        self.timer = timer or Timer()
+        self.nodes: list[Node] = []
+        self.seen: dict[str, int] = {}
+        self.samples = 0
+        self.iteration = 0
+        self.curve: list[tuple[int, float]] = []  # (samples, best speedup so far)
+        t = root.text if isinstance(root, Node) else canonical(root)
+        r = Node(0, None, 0, root, t, time_us=evaluator.root_time_us, speedup=1.0)
+        self.nodes.append(r)
+        self.seen[t] = 0
+        self.best = r
+
+    @property
+    def root(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def exhausted(self) -> bool:
+        return self.max_samples is not None and self.samples >= self.max_samples
+
+    def path(self, node: Node) -> list[Node]:
+        """Root ... node (inclusive)."""
+        out = []
+        cur: Node | None = node
+        while cur is not None:
+            out.append(cur)
+            cur = self.nodes[cur.parent] if cur.parent is not None else None
+        return out[::-1]
+
+    def children(self, node: Node) -> list[Node]:
+        return [n for n in self.nodes if n.parent == node.id and n.ok]
+
+    def expand(self, node: Node, k: int, *, with_parent: bool = True) -> list[Node]:
+        """Ask the policy for ``k`` proposals at ``node`` (history: the path root..node, or
+        only ``node`` when ``with_parent`` is False) and evaluate each; returns the new
+        ``equal`` children (fastest first)."""
+        if self.exhausted or k <= 0:
+            return []
+        path = self.path(node)
+        history = path[:-1] if with_parent else []
+        t0 = time.perf_counter()
+        try:
+            props = list(self.policy.propose(node, history, k))[:k]
+        finally:
+            self.timer.add("propose", time.perf_counter() - t0)
+        ancestors = {n.text for n in path}
+        out = []
+        for p in props:
+            if self.exhausted:
+                break
+            child = self._child(node, p, ancestors)
+            if child is not None and child.status == "equal":
+                out.append(child)
+        out.sort(key=lambda n: n.time_us)
+        return out
+
+    def _child(self, node: Node, p: Proposal, ancestors: set[str]) -> Node:
+        try:
+            text = canonical(p.module)
+        except Exception as e:  # noqa: BLE001 - a malformed proposal is one rejected node
+            text, status, reason = "", "invalid", f"cannot print the program: {e}"
+        else:
+            status, reason = "", ""
+        child = Node(len(self.nodes), node.id, node.depth + 1, p.module, text, p.strategy, p.site, dict(p.params),
+                     p.cot, iteration=self.iteration)
+        if status:
+            child.status, child.reason = status, reason
+        elif text in ancestors:
+            child.status, child.reason = "revert", "same program as an ancestor (reverting is not allowed)"
+        elif text in self.seen:
+            child.status, child.reason = "duplicate", f"same program as node {self.seen[text]}"
+        else:
+            ev = self.evaluator.evaluate(p.module)
+            for stage, s in (getattr(ev, "seconds", None) or {}).items():
+                self.timer.add(stage, s)
+            child.status, child.reason = ev.status, ev.reason
+            if ev.status == "equal":
+                child.time_us = ev.time_us
+                child.speedup = self.root.time_us / ev.time_us if ev.time_us and ev.time_us > 0 else None
+                self.samples += 1
+                child.sample = self.samples
+                if child.speedup is not None and child.speedup > (self.best.speedup or 0):
+                    self.best = child
+                self.curve.append((self.samples, self.best.speedup or 1.0))
+                if self.progress is not None:
+                    self.progress.update(1)
+                    self.progress.set_postfix(best=f"{self.best.speedup:.2f}x")
+            self.seen[text] = child.id
+        if text and text not in self.seen:
+            self.seen[text] = child.id
+        self.nodes.append(child)
+        return child
+
+    def trajectory(self, node: Node | None = None) -> list[Node]:
+        """The best trajectory: root ... best node."""
+        return self.path(node or self.best)
+
+
+def log_speedup(node: Node) -> float:
+    """Natural log of a node's speedup (0 when unknown)."""
+    s = node.speedup
+    return math.log(s) if s and s > 0 else 0.0

@@ -1,0 +1,167 @@
+"""A static cost model of a LEIR program: estimated run time in nanoseconds, from the
+program text alone (no build, no run). Used by ``EnginePolicy(rank="cost")`` to order
+candidates; it ranks, it does not predict absolute times.
+
+For every equation instance (its enclosing loops give the iteration count ``n``):
+
+* compute: ``n * ops / (freq * lanes)`` where ``ops`` counts arithmetic nodes (``+ - * /``
+  = 1, ``// %`` = 4, ``exp log sqrt tanh erf **`` = 12, ``max min abs`` = 1, comparisons
+  and ``if_then_else`` = 1) and ``lanes`` = min(extent, vector width) when the innermost
+  loop is ``V`` (vector width = 32 bytes / dtype bytes on the CPU, AVX2; 1 on CUDA, where
+  the SIMT lanes are the threads).
+* memory: every tensor access moves ``n * dtype_bytes * stride_factor / reuse`` bytes at
+  the bandwidth of its scope (``g`` 20 GB/s on the CPU (one core's DRAM share), ``s``/``l``
+  treated as cache/registers: 4x and 16x faster). ``stride_factor`` is 1 when the
+  innermost loop index is in the last subscript (contiguous), 8 when it is in another
+  subscript (one cache line of 64 B per element), and the access costs once per
+  innermost-loop trip (``reuse`` = innermost extent) when the innermost index does not
+  occur at all (register reuse).
+* equation time = max(compute, memory) (roofline), divided by the parallelism of its
+  parallel loops: ``P`` loops (CPU: up to ``cores``) and, on CUDA, ``B`` loops (threads up
+  to 1024 per block, blocks up to ``sms * 16``). On the CPU ``B`` loops are serial (the
+  backend lowers them to serial loops).
+* overheads: 5 µs per entry of a ``P`` region on the CPU (thread-pool fork/join) times the
+  trip count of the loops around it, 5 µs per nest launch on CUDA, 20 ns per loop entry of
+  an unrolled (``U``) loop saved (unrolling removes branch overhead).
+
+Sources: roofline model (Williams, Waterman, Patterson, CACM 2009); target limits from
+:mod:`steptp.backend.hardware` (CUDA) and ``TVM_NUM_THREADS`` (CPU threads of the timed
+build, 1 unless set: :mod:`steptp.backend.timing`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from ..leir import ast as A
+from ..leir.analysis import index_names
+
+_OP_COST = {"+": 1, "-": 1, "*": 1, "/": 1, "//": 4, "%": 4, "**": 12}
+_CALL_COST = {"exp": 12, "log": 12, "sqrt": 6, "tanh": 14, "erf": 14, "abs": 1, "max": 1, "min": 1,
+              "if_then_else": 1}
+_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4,
+                "i64": 8, "u64": 8, "bool": 1}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the cost model needs to know about a device: ``kind`` (cpu/cuda), ``cores``
+    (CPU threads), ``freq_ghz``, ``vector_bytes`` (SIMD register), ``bw_gbs`` (global
+    memory bandwidth available to the kernel), ``sms`` (CUDA multiprocessors)."""
+
+    kind: str = "cpu"
+    cores: int = 1
+    freq_ghz: float = 2.5
+    vector_bytes: int = 32
+    bw_gbs: float = 20.0
+    sms: int = 132
+
+    @staticmethod
+    def for_name(name: str) -> "Target":
+        if name == "cuda":
+            return Target("cuda", cores=1, freq_ghz=1.7, vector_bytes=4, bw_gbs=3000.0, sms=132)
+        try:  # steptp.backend.timing runs TVM's CPU pool with TVM_NUM_THREADS threads (1 unless set)
+            cores = max(1, int(os.environ.get("TVM_NUM_THREADS") or 1))
+        except ValueError:
+            cores = 1
+        return Target("cpu", cores=cores)
+
+
+def _ops(e: A.Expr) -> int:
+    n = 0
+    for x in A.walk(e):
+        if isinstance(x, A.BinOp):
+            n += _OP_COST.get(x.op, 1)
+        elif isinstance(x, A.Call):
+            n += _CALL_COST.get(x.func, 4)
+        elif isinstance(x, (A.Compare, A.BoolOp, A.Not, A.Neg)):
+            n += 1
+    return max(n, 1)
+
+
+def _accesses(eq: A.Assign):
+    yield eq.target
+    for x in A.walk(eq.value):
+        if isinstance(x, A.Tensor):
+            yield x
+
+
+def estimate_ns(program: A.Program, target: Target | str = "cpu") -> float:
+    """Estimated run time of ``program`` in nanoseconds on ``target`` (see the module
+    docstring for the model)."""
+    tgt = Target.for_name(target) if isinstance(target, str) else target
+    total = 0.0
+    for nest in program.nests:
+        total += _nest_ns(nest, (), tgt)
+        if tgt.kind == "cuda":
+            total += 5000.0
+    return total
+
+
+def _nest_ns(nest: A.Nest, outer: tuple[A.Loop, ...], tgt: Target) -> float:
+    loops = outer + nest.loops
+    t = 0.0
+    # parallel regions: fork/join overhead once per entry
+    if tgt.kind == "cpu":
+        trips = 1
+        for lp in loops:
+            if lp.kind == "P":
+                t += 5000.0 * trips
+                break
+            trips *= lp.extent
+    for lp in nest.loops:
+        if lp.kind == "U":
+            t -= 20.0 * math.prod(x.extent for x in loops)
+    for item in nest.body:
+        if isinstance(item, A.Assign):
+            t += _eq_ns(item, loops, tgt)
+        else:
+            t += _nest_ns(item, loops, tgt)
+    return max(t, 0.0)
+
+
+def _eq_ns(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> float:
+    n = math.prod(lp.extent for lp in loops) if loops else 1
+    inner = loops[-1] if loops else None
+    nbytes = _DTYPE_BYTES.get(eq.target.dtype, 4)
+    lanes = 1
+    if inner is not None and inner.kind == "V" and tgt.kind == "cpu":
+        lanes = max(1, min(inner.extent, tgt.vector_bytes // nbytes))
+    compute_ns = n * _ops(eq.value) / (tgt.freq_ghz * lanes)
+    mem_ns = 0.0
+    bw = tgt.bw_gbs  # GB/s = bytes/ns
+    for acc in _accesses(eq):
+        b = _DTYPE_BYTES.get(acc.dtype, 4)
+        scope_speed = {"g": 1.0, "s": 4.0, "l": 16.0}.get(acc.scope, 1.0)
+        if not acc.indices:
+            moved = n * b / max(inner.extent, 1) if inner else b
+        elif inner is None:
+            moved = n * b
+        else:
+            last = index_names(acc.indices[-1])
+            used = set().union(*[index_names(i) for i in acc.indices])
+            if inner.var in last:
+                moved = n * b
+            elif inner.var in used:
+                moved = n * b * 8
+            else:
+                moved = n * b / max(inner.extent, 1)
+        mem_ns += moved / (bw * scope_speed)
+    par = 1
+    if tgt.kind == "cpu":
+        for lp in loops:
+            if lp.kind == "P":
+                par *= lp.extent
+        par = min(par, tgt.cores)
+    else:
+        threads = blocks = 1
+        for lp in loops:
+            if lp.kind == "B":
+                if lp.var.startswith("t"):
+                    threads *= lp.extent
+                else:
+                    blocks *= lp.extent
+        par = min(threads, 1024) * min(blocks, tgt.sms * 16)
+    return max(compute_ns, mem_ns) / max(par, 1)

@@ -1,0 +1,496 @@
+"""Running searches and writing their results (``stp search``).
+
+One search per program (:func:`search_program`) writes into its directory:
+
+* ``summary.json``: ``samples`` (Equal, timed candidates), ``speedup`` (Runtime_root /
+  Runtime_best; 1 with no sample), ``strategies`` (distinct strategies on the best
+  trajectory), ``efficiency`` (speedup / samples; 0 with no sample), ``best``,
+  ``trajectory`` (root first; each step: strategy, site, params, LEIR, time_us, speedup),
+  ``curve`` (best speedup after each sample), ``seconds`` (propose / verify / time / total),
+  ``counts`` (nodes per status) and, for a PyTorch program, ``eager_time_us`` and
+  ``speedup_vs_eager`` (PyTorch eager time / best LEIR time, same device and input shapes).
+* ``best.leir``: the fastest verified program with its ``%`` header (``stp verify`` loads it).
+* ``tree.jsonl``: every node of the search (also rejected ones, with the reason).
+
+:func:`search_many` runs several programs (resumable: a program whose ``summary.json``
+exists is skipped) and writes ``report.md`` (a Table 3/4-style row per algorithm, paper
+§4.4) with a plot of best speedup vs. samples. Metrics follow paper §4.4: search
+efficiency in the report = average speedup / average samples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..leir import LeirModule, save_leir
+from .algorithms import ALGORITHMS, DEFAULTS, run_algorithm
+from .core import Node, Search, Timer
+
+POLICIES = ("engine", "llm", "replay")
+
+
+class SearchInputError(ValueError):
+    """A bad program, replay file or option (the CLI exits 2 with this message)."""
+
+
+@dataclass
+class SearchConfig:
+    """Options of a search (CLI flags of ``stp search``); ``overrides`` holds algorithm
+    parameters (see :data:`steptp.search.algorithms.DEFAULTS`), ``iterations`` overrides
+    the iteration budget of every algorithm."""
+
+    algorithm: str = "greedy"
+    policy: str = "engine"
+    rank: str = "random"
+    target: str = "cpu"
+    seed: int = 0
+    iterations: int | None = None
+    overrides: dict = field(default_factory=dict)
+    per_rule: int = 8
+    trials: int = 3
+    timeout_s: float = 120.0
+    max_samples: int | None = None
+    temperature: float = 0.3
+    max_tokens: int | None = None
+    replay: str | None = None
+    progress: bool = True
+
+    def algorithm_params(self) -> dict:
+        p = dict(DEFAULTS[self.algorithm])
+        p.update({k: v for k, v in self.overrides.items() if v is not None})
+        if self.iterations is not None:
+            p["iterations"] = self.iterations
+        return p
+
+
+# ---------------------------------------------------------------------------
+# programs
+# ---------------------------------------------------------------------------
+
+
+def collect_programs(inputs: list[str | Path]) -> list[Path]:
+    """Program files of ``inputs`` (files, or directories: their ``*.py`` and ``*.leir``;
+    where both ``X.py`` and ``X.leir`` exist the ``.py`` is used). Raises
+    :class:`SearchInputError` for a missing path or an empty directory."""
+    out: list[Path] = []
+    for raw in inputs:
+        p = Path(raw)
+        if p.is_dir():
+            files = sorted(x for x in p.iterdir() if x.suffix in (".py", ".leir") and x.is_file()
+                           and not x.name.startswith("_"))
+            stems = {x.stem for x in files if x.suffix == ".py"}
+            files = [x for x in files if x.suffix == ".py" or x.stem not in stems]
+            if not files:
+                raise SearchInputError(f"{p}: no .py or .leir programs")
+            out.extend(files)
+        elif p.is_file():
+            if p.suffix not in (".py", ".leir"):
+                raise SearchInputError(f"{p}: expected a .leir or a PyTorch .py program")
+            out.append(p)
+        else:
+            raise SearchInputError(f"{p}: no such file or directory")
+    return out
+
+
+def load_program(path: Path):
+    """``(LeirModule, Translation or None)`` of a ``.leir`` file or a PyTorch ``.py`` file
+    (translated with :func:`steptp.frontend.translate_file`). Raises :class:`SearchInputError`."""
+    if path.suffix == ".py":
+        from ..frontend import translate_file
+
+        try:
+            tr = translate_file(path)
+        except FileNotFoundError:
+            raise SearchInputError(f"{path}: no such file") from None
+        except Exception as e:  # noqa: BLE001 - TranslationError and the program's own errors
+            raise SearchInputError(f"{path}: cannot translate: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                                   ) from None
+        return tr.module, tr
+    from ..leir import LeirSyntaxError, load_leir
+    from ..leir.analysis import LeirSemanticError, analyze
+
+    try:
+        m = load_leir(path)
+        analyze(m.program, m.signature)
+    except LeirSyntaxError as e:
+        raise SearchInputError(str(e).splitlines()[0]) from None
+    except LeirSemanticError as e:
+        raise SearchInputError(f"{path}: {e}") from None
+    except OSError as e:
+        raise SearchInputError(f"{path}: cannot read: {e.strerror or e}") from None
+    return m, None
+
+
+def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.02) -> float:
+    """PyTorch eager run time (µs, median of ``repeat`` repetitions of at least
+    ``min_repeat_s`` each, after ``warmup`` calls) of a translation's model on its example
+    inputs, on the CPU."""
+    import torch
+
+    args = tr.example_inputs
+    with torch.no_grad():
+        for _ in range(warmup):
+            tr.model(*args)
+        n = 1
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                tr.model(*args)
+            dt = time.perf_counter() - t0
+            if dt >= min_repeat_s or n >= 1 << 20:
+                break
+            n *= 2
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                tr.model(*args)
+            times.append((time.perf_counter() - t0) / n)
+    return statistics.median(times) * 1e6
+
+
+# ---------------------------------------------------------------------------
+# one search
+# ---------------------------------------------------------------------------
+
+
+def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None):
+    """The policy ``cfg.policy`` for ``root`` (``client``: the chat client of the LLM policy)."""
+    from .policies import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy
+
+    if cfg.policy == "engine":
+        return EnginePolicy(rules, rank=cfg.rank, seed=cfg.seed, per_rule=cfg.per_rule, target=cfg.target)
+    if cfg.policy == "replay":
+        if not cfg.replay:
+            raise SearchInputError("--policy replay needs --replay FILE.jsonl")
+        try:
+            return ReplayPolicy(cfg.replay, root.signature)
+        except ReplayError as e:
+            raise SearchInputError(str(e)) from None
+    if cfg.policy == "llm":
+        if client is None:
+            raise SearchInputError("--policy llm needs --endpoint URL and --model NAME")
+        return LLMPolicy(client, algorithm=cfg.algorithm, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                         target=cfg.target, rules=rules, seed=cfg.seed)
+    raise SearchInputError(f"unknown policy {cfg.policy!r}; one of {', '.join(POLICIES)}")
+
+
+def _strategy_names(strategy: str | None) -> list[str]:
+    return [s for s in (strategy or "").split("+") if s]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: float) -> dict:
+    """The ``summary.json`` dict of a finished search."""
+    from .core import _jsonable
+
+    traj = s.trajectory()
+    strategies = sorted({x for n in traj[1:] for x in _strategy_names(n.strategy)})
+    samples = s.samples
+    best = s.best
+    speedup = best.speedup if samples and best.speedup else 1.0
+    counts: dict[str, int] = {}
+    for n in s.nodes[1:]:
+        counts[n.status] = counts.get(n.status, 0) + 1
+    return {
+        "program": name, "source": source, "algorithm": cfg.algorithm, "policy": cfg.policy,
+        "rank": cfg.rank if cfg.policy == "engine" else None, "target": cfg.target, "seed": cfg.seed,
+        "params": cfg.algorithm_params(),
+        "samples": samples, "speedup": speedup, "strategies": len(strategies), "strategy_list": strategies,
+        "efficiency": speedup / samples if samples else 0.0,
+        "root_time_us": s.root.time_us,
+        "best": {"node": best.id, "depth": best.depth, "time_us": best.time_us, "speedup": speedup,
+                 "leir": best.text},
+        "trajectory": [{"step": i, "node": n.id, "strategy": n.strategy, "site": n.site, "params": _jsonable(n.params),
+                        "leir": n.text, "time_us": n.time_us, "speedup": n.speedup, "cot": n.cot}
+                       for i, n in enumerate(traj)],
+        "curve": [[a, b] for a, b in s.curve],
+        "nodes": len(s.nodes), "counts": counts,
+        "seconds": {**{k: round(v, 3) for k, v in s.timer.seconds.items()}, "total": round(seconds, 3)},
+    }
+
+
+def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=None, rules=None,
+                   name: str | None = None, timer=None) -> dict:
+    """Search one program (a path to ``.leir``/``.py``, or a LeirModule) and write
+    ``summary.json``, ``best.leir`` and ``tree.jsonl`` into ``outdir``; returns the summary.
+    ``timer``: optional ``fn(module) -> µs`` replacing the default timing."""
+    from tqdm import tqdm
+
+    from .evaluate import Measure
+
+    if cfg.algorithm not in ALGORITHMS:
+        raise SearchInputError(f"unknown algorithm {cfg.algorithm!r}; one of {', '.join(ALGORITHMS)}")
+    t_start = time.perf_counter()
+    tr = None
+    if isinstance(program, LeirModule):
+        root, source = program, "<module>"
+    else:
+        path = Path(program)
+        root, tr = load_program(path)
+        source = str(path)
+    name = name or root.signature.name
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    measure = Measure(root, target=cfg.target, trials=cfg.trials, seed=cfg.seed, timeout_s=cfg.timeout_s,
+                      timer=timer)
+    policy = make_policy(cfg, root, client, rules)
+    bar = tqdm(desc=f"{name} {cfg.algorithm}", unit="sample", disable=not cfg.progress, leave=False)
+    s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar)
+    try:
+        params = cfg.algorithm_params()
+        run_algorithm(cfg.algorithm, s, **params)
+    finally:
+        bar.close()
+    summary = summarize(s, cfg, name, source, time.perf_counter() - t_start)
+    if tr is not None and cfg.target == "cpu":
+        try:
+            eager = eager_time_us(tr)
+            summary["eager_time_us"] = eager
+            summary["speedup_vs_eager"] = eager / s.best.time_us if s.best.time_us else None
+            summary["root_speedup_vs_eager"] = eager / s.root.time_us if s.root.time_us else None
+        except Exception as e:  # noqa: BLE001 - the comparison is informative only
+            summary["eager_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if hasattr(policy, "log"):
+        summary["llm_requests"] = policy.log
+    best = s.best
+    save_leir(LeirModule(root.signature, best.module.program), out / "best.leir")
+    save_leir(root, out / "root.leir")
+    _write_atomic(out / "tree.jsonl", "".join(json.dumps(n.record()) + "\n" for n in s.nodes))
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _unique_names(paths: list[Path]) -> list[str]:
+    names, seen = [], {}
+    for p in paths:
+        base = p.stem
+        k = seen.get(base, 0)
+        seen[base] = k + 1
+        names.append(base if k == 0 else f"{base}_{k}")
+    return names
+
+
+def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=None, single_dir: bool | None = None,
+                on_error=None) -> list[dict]:
+    """Search every program of ``inputs`` (see :func:`collect_programs`); each one's files
+    go to ``OUTDIR/<program stem>/`` (or ``OUTDIR`` itself when there is one program file
+    and ``single_dir`` is not False). Programs whose ``summary.json`` exists are skipped
+    (resume). Writes ``OUTDIR/report.md``. ``on_error(path, message)`` is called for a
+    program that cannot be loaded (default: raise)."""
+    from tqdm import tqdm
+
+    from ..rules import load_rules
+
+    paths = collect_programs(inputs)
+    out = Path(outdir)
+    if single_dir is None:
+        single_dir = len(paths) == 1 and Path(inputs[0]).is_file()
+    rules = load_rules()
+    summaries = []
+    names = _unique_names(paths)
+    for path, nm in tqdm(list(zip(paths, names)), desc="programs", unit="program",
+                         disable=not cfg.progress or len(paths) == 1):
+        d = out if single_dir else out / nm
+        done = d / "summary.json"
+        if done.exists():
+            try:
+                summaries.append(json.loads(done.read_text(encoding="utf-8")))
+                continue
+            except (OSError, json.JSONDecodeError):
+                pass  # an unreadable summary: search again
+        try:
+            summaries.append(search_program(path, d, cfg, client=client, rules=rules))
+        except SearchInputError as e:
+            if on_error is None or len(paths) == 1:
+                raise
+            on_error(path, str(e))
+    write_report(out)
+    return summaries
+
+
+# ---------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------
+
+
+def load_summaries(outdir: str | Path) -> list[dict]:
+    """Every ``summary.json`` at ``outdir`` and one level below."""
+    out = Path(outdir)
+    files = ([out / "summary.json"] if (out / "summary.json").exists() else []) + sorted(out.glob("*/summary.json"))
+    res = []
+    for f in files:
+        try:
+            res.append(json.loads(f.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return res
+
+
+def table_rows(summaries: list[dict]) -> list[dict]:
+    """One row per (algorithm, policy, rank, target): paper Table 3 and 4 columns."""
+    groups: dict[tuple, list[dict]] = {}
+    for sm in summaries:
+        groups.setdefault((sm["algorithm"], sm["policy"], sm.get("rank"), sm["target"]), []).append(sm)
+    rows = []
+    for (alg, pol, rank, tgt), g in sorted(groups.items(), key=lambda kv: [str(x) for x in kv[0]]):
+        sp = [x["speedup"] for x in g]
+        smp = [x["samples"] for x in g]
+        st = [x["strategies"] for x in g]
+        eager = [x["speedup_vs_eager"] for x in g if x.get("speedup_vs_eager")]
+        avg_s, avg_n = statistics.mean(sp), statistics.mean(smp)
+        rows.append({"algorithm": alg, "policy": pol + (f"/{rank}" if rank else ""), "target": tgt,
+                     "programs": len(g), "avg_samples": avg_n, "max_samples": max(smp), "avg_speedup": avg_s,
+                     "median_speedup": statistics.median(sp), "max_speedup": max(sp),
+                     "efficiency": avg_s / avg_n if avg_n else 0.0, "avg_strategies": statistics.mean(st),
+                     "max_strategies": max(st),
+                     "avg_speedup_vs_eager": statistics.mean(eager) if eager else None,
+                     "wall_s": sum(x.get("seconds", {}).get("total", 0.0) for x in g)})
+    return rows
+
+
+def _plot(summaries: list[dict], path: Path) -> bool:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    groups: dict[str, list[dict]] = {}
+    for sm in summaries:
+        key = f"{sm['algorithm']} / {sm['policy']}" + (f"/{sm['rank']}" if sm.get("rank") else "")
+        groups.setdefault(key, []).append(sm)
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot(1, 1, 1)
+    for key, g in sorted(groups.items()):
+        top = max((x["samples"] for x in g), default=0)
+        xs, ys = [0], [1.0]
+        for n in range(1, top + 1):
+            vals = []
+            for sm in g:
+                best = 1.0
+                for a, b in sm.get("curve", []):
+                    if a <= n:
+                        best = max(best, b)
+                vals.append(best)
+            xs.append(n)
+            ys.append(statistics.mean(vals))
+        ax.plot(xs, ys, marker=".", label=f"{key} ({len(g)})")
+    ax.set_xlabel("verified samples")
+    ax.set_ylabel("best speedup (mean over programs)")
+    ax.set_title("Best speedup vs. samples")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def write_report(outdir: str | Path) -> Path:
+    """``OUTDIR/report.md`` (+ ``speedup_vs_samples.png``) over every summary under ``outdir``."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    sms = load_summaries(out)
+    lines = ["# stp search report", "",
+             f"{len(sms)} search(es). Speedup = Runtime_root / Runtime_best; samples = candidates that verified "
+             "Equal against the root (3 trials) and were timed; efficiency = average speedup / average samples "
+             "(paper §4.4, Tables 3-4).", "",
+             "| algorithm | policy | target | programs | avg # samples | max # samples | avg speedup | median speedup "
+             "| max speedup | efficiency | avg # strategies | max # strategies | avg speedup vs eager | wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in table_rows(sms):
+        ve = "n/a" if r["avg_speedup_vs_eager"] is None else f"{r['avg_speedup_vs_eager']:.2f}"
+        lines.append(f"| {r['algorithm']} | {r['policy']} | {r['target']} | {r['programs']} | {r['avg_samples']:.2f} | "
+                     f"{r['max_samples']} | {r['avg_speedup']:.2f} | {r['median_speedup']:.2f} | {r['max_speedup']:.2f} | "
+                     f"{r['efficiency']:.2f} | {r['avg_strategies']:.2f} | {r['max_strategies']} | {ve} | "
+                     f"{r['wall_s']:.0f} |")
+    lines += ["", "## Programs", "",
+              "| program | algorithm | samples | speedup | strategies | root µs | best µs | vs eager | best trajectory |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for sm in sorted(sms, key=lambda x: (x["program"], x["algorithm"])):
+        traj = " → ".join(str(t["strategy"]) for t in sm["trajectory"][1:]) or "(root)"
+        ve = sm.get("speedup_vs_eager")
+        lines.append(f"| {sm['program']} | {sm['algorithm']} | {sm['samples']} | {sm['speedup']:.2f} | "
+                     f"{sm['strategies']} | {sm['root_time_us']:.2f} | {sm['best']['time_us']:.2f} | "
+                     f"{'n/a' if ve is None else f'{ve:.2f}'} | {traj} |")
+    if sms and _plot(sms, out / "speedup_vs_samples.png"):
+        lines += ["", "![best speedup vs samples](speedup_vs_samples.png)"]
+    path = out / "report.md"
+    _write_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------
+# chat export
+# ---------------------------------------------------------------------------
+
+
+def chat_record(summary: dict, signature, rules=None, target: str | None = None) -> dict | None:
+    """A multi-step ms-swift record ``{"messages": [...]}`` of a summary's best trajectory:
+    for each step, the search prompt at the current program (with its parent) as the user
+    turn and the step (CoT + JSON answer) as the assistant turn. None for a trajectory
+    without steps."""
+    from ..leir import parse_program
+    from ..resources import render
+    from .policies import render_prompt, strategy_table
+
+    traj = summary.get("trajectory") or []
+    if len(traj) < 2:
+        return None
+    table = strategy_table(rules)
+    names = {s["id"]: s["name"] for s in table}
+    nodes: list[Node] = []
+    for i, t in enumerate(traj):
+        mod = LeirModule(signature, parse_program(t["leir"]))
+        nodes.append(Node(i, i - 1 if i else None, i, mod, t["leir"], t.get("strategy"), t.get("site"),
+                          t.get("params") or {}, t.get("cot") or "", "root" if i == 0 else "equal",
+                          time_us=t.get("time_us"), speedup=t.get("speedup")))
+    msgs = []
+    for i in range(len(nodes) - 1):
+        cur, nxt = nodes[i], nodes[i + 1]
+        parent = nodes[i - 1] if i else None
+        msgs.append({"role": "user", "content": render_prompt(summary["algorithm"], cur, parent, table,
+                                                               target or summary.get("target", "cpu"))})
+        answer = json.dumps([{"idx": 0, "transformed_IR": nxt.text,
+                              "applied_strategies": [names.get(x, x) for x in _strategy_names(nxt.strategy)]}],
+                            ensure_ascii=False)
+        msgs.append({"role": "assistant", "content": render("search_answer.j2", cot=nxt.cot, answer_json=answer)})
+    return {"messages": msgs, "meta": {"program": summary["program"], "algorithm": summary["algorithm"],
+                                       "speedup": summary["speedup"], "steps": len(nodes) - 1}}
+
+
+def export_chat(outdir: str | Path, path: str | Path) -> int:
+    """Write one chat record per summary (with at least one step) under ``outdir`` to the
+    JSONL file ``path``; returns the number of records."""
+    from ..leir import load_leir
+    from ..rules import load_rules
+
+    out = Path(outdir)
+    rules = load_rules()
+    recs = []
+    for d in ([out] if (out / "summary.json").exists() else []) + sorted(p.parent for p in out.glob("*/summary.json")):
+        try:
+            sm = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+            sig = load_leir(d / "root.leir").signature
+        except Exception:  # noqa: BLE001 - a damaged run directory contributes nothing
+            continue
+        rec = chat_record(sm, sig, rules)
+        if rec is not None:
+            recs.append(rec)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(p, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+    return len(recs)
+
+
+__all__ = ["SearchConfig", "SearchInputError", "search_program", "search_many", "write_report", "export_chat",
+           "chat_record", "collect_programs", "load_program", "eager_time_us", "make_policy", "table_rows",
+           "load_summaries", "POLICIES", "Timer"]
