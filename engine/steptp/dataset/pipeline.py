@@ -27,6 +27,7 @@ import multiprocessing as mp
 import random
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
@@ -99,7 +100,8 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     Raises :class:`DatasetError` when ``outdir`` holds a run made with other options,
     ``FileNotFoundError``/``ValueError`` for bad inputs and
     :class:`steptp.dataset.distributed.RayUnavailable` for an unreachable ``ray_address``
-    (all before anything is written).
+    (all before anything is written); :class:`DatasetError` too when a worker process dies
+    (killed, out of memory): what was recorded stays, and a rerun resumes.
     """
     policy = policy or FilterPolicy(seed=opts.seed)
     sources = discover(inputs)
@@ -114,6 +116,9 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
         raise DatasetError(f"{e}; the output directory was left unchanged (use another -o or fix the file)") from None
     except OSError as e:
         raise DatasetError(f"{e.filename or out}: cannot write: {e.strerror or e}") from None
+    except BrokenProcessPool as e:
+        raise DatasetError(f"a worker process died ({e or 'killed'}); the programs recorded so far are kept in "
+                           f"{out}, rerun the same command to resume") from None
 
 
 def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: int, progress: bool,
