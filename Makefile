@@ -10,7 +10,7 @@ STP    := $(VENV)/bin/stp
 OUT    ?= out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench bench-time clean
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ test: install
 
 bench: install
 	$(PY) benchmarks/bench_pipeline.py
+
+bench-time: install
+	$(PY) benchmarks/bench_time.py
 
 clean:
 	rm -rf $(VENV) build out *.egg-info engine/*.egg-info
