@@ -11,13 +11,14 @@ Exit codes: 0 success, 1 a check failed (verification, no match), 2 bad input.
 | ``steps`` | apply, verify |
 | ``data`` | dataset, corpus, report |
 | ``rules`` | rules list / lint / coverage / test |
+| ``eval`` | eval, testset |
 | ``timing`` | time, doctor |
 | ``search`` | search (multi-step optimisation) |
 """
 
 from __future__ import annotations
 
-from . import program, steps, data, rules, timing, search  # noqa: F401,I001  (registers the commands, in --help order)
+from . import program, steps, data, rules, eval, timing, search  # noqa: F401,I001  (registers the commands, in --help order)
 from .app import app, rules_app
 
 __all__ = ["app", "rules_app", "main"]

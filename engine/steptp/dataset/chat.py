@@ -30,13 +30,28 @@ def _tensor_rows(signature: dict) -> list[dict]:
     ]
 
 
+def single_prompt(name: str, leir: str, signature: dict) -> str:
+    """The single-answer user prompt (``prompt_single.j2``) for program ``name`` with canonical
+    LEIR text ``leir`` and ``signature`` (a dictionary entry's ``signature`` dict). The one
+    source of the prompt: :func:`single_messages` and ``stp eval`` both use it."""
+    return render("prompt_single.j2", name=name, leir=leir, tensors=_tensor_rows(signature))
+
+
+def single_label(cot: str, transformed_leir: str, strategy_name: str) -> str:
+    """The single-answer assistant label ``<think>cot</think><answer>{JSON}</answer>``."""
+    answer = json.dumps({"transformed_IR": transformed_leir, "applied_strategy": strategy_name}, ensure_ascii=False)
+    return render("answer_single.j2", cot=cot, answer_json=answer)
+
+
+def multi_prompt(name: str, leir: str, signature: dict, count: int) -> str:
+    """The multi-answer user prompt (``prompt_multi.j2``) asking for ``count`` transformations."""
+    return render("prompt_multi.j2", name=name, leir=leir, tensors=_tensor_rows(signature), count=count)
+
+
 def single_messages(entry: dict) -> dict:
     """One ms-swift record ``{"messages": [user, assistant]}`` from a dictionary entry."""
-    prompt = render("prompt_single.j2", name=entry["program"], leir=entry["original"]["leir"],
-                    tensors=_tensor_rows(entry["signature"]))
-    answer = json.dumps({"transformed_IR": entry["transformed"]["leir"],
-                         "applied_strategy": entry["strategy"]["name"]}, ensure_ascii=False)
-    label = render("answer_single.j2", cot=entry["cot"], answer_json=answer)
+    prompt = single_prompt(entry["program"], entry["original"]["leir"], entry["signature"])
+    label = single_label(entry["cot"], entry["transformed"]["leir"], entry["strategy"]["name"])
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": label}],
             "meta": {"kind": "single", "entry_id": entry["id"], "strategy": entry["strategy"]["id"],
                      "level": entry["difficulty"]["level"]}}
@@ -49,8 +64,7 @@ def multi_messages(entries: list[dict]) -> dict:
     first = entries[0]
     if any(e["original"]["leir"] != first["original"]["leir"] for e in entries):
         raise ValueError("multi-answer items must share the original program")
-    prompt = render("prompt_multi.j2", name=first["program"], leir=first["original"]["leir"],
-                    tensors=_tensor_rows(first["signature"]), count=len(entries))
+    prompt = multi_prompt(first["program"], first["original"]["leir"], first["signature"], len(entries))
     answer = json.dumps([{"idx": i, "transformed_IR": e["transformed"]["leir"],
                           "applied_strategy": e["strategy"]["name"]} for i, e in enumerate(entries)],
                         ensure_ascii=False)
@@ -140,6 +154,28 @@ def parse_answer(text: str, signature=None, check_ir: bool = True) -> list[dict]
     item, a missing/non-string ``transformed_IR`` / ``applied_strategy``, or an IR that is
     not LEIR or does not fit the signature.
     """
+    data = answer_payload(text)
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        raise AnswerError("answer list is empty")
+    sig = _signature_of(signature)
+    out = []
+    for i, it in enumerate(items):
+        if not isinstance(it, dict):
+            raise AnswerError(f"answer item {i} is a {type(it).__name__}, expected an object")
+        for key in ("transformed_IR", "applied_strategy"):
+            if not isinstance(it.get(key), str) or not it[key].strip():
+                raise AnswerError(f"answer item {i} has no string '{key}'")
+        if check_ir:
+            _check_ir(i, it["transformed_IR"], sig)
+        out.append({"transformed_IR": it["transformed_IR"], "applied_strategy": it["applied_strategy"]})
+    return out
+
+
+def answer_payload(text: str):
+    """The JSON value inside the ``<answer>`` block of a model output (the envelope part of
+    :func:`parse_answer`, without the item checks): linear time, same limits; raises
+    :class:`AnswerError` for no/unclosed block or invalid JSON."""
     if not isinstance(text, str):
         raise AnswerError(f"the model output is a {type(text).__name__}, expected text")
     if len(text) > MAX_ANSWER_CHARS:
@@ -160,21 +196,8 @@ def parse_answer(text: str, signature=None, check_ir: bool = True) -> list[dict]
         raise AnswerError("answer is not valid JSON: nested too deeply") from None
     except ValueError as e:  # e.g. an integer beyond Python's digit limit
         raise AnswerError(f"answer is not valid JSON: {e}") from None
-    items = data if isinstance(data, list) else [data]
-    if not items:
-        raise AnswerError("answer list is empty")
-    sig = _signature_of(signature)
-    out = []
-    for i, it in enumerate(items):
-        if not isinstance(it, dict):
-            raise AnswerError(f"answer item {i} is a {type(it).__name__}, expected an object")
-        for key in ("transformed_IR", "applied_strategy"):
-            if not isinstance(it.get(key), str) or not it[key].strip():
-                raise AnswerError(f"answer item {i} has no string '{key}'")
-        if check_ir:
-            _check_ir(i, it["transformed_IR"], sig)
-        out.append({"transformed_IR": it["transformed_IR"], "applied_strategy": it["applied_strategy"]})
-    return out
+    return data
 
 
-__all__ = ["AnswerError", "single_messages", "multi_messages", "parse_answer"]
+__all__ = ["AnswerError", "single_messages", "multi_messages", "parse_answer", "answer_payload", "single_prompt",
+           "single_label", "multi_prompt"]
