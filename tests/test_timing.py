@@ -310,3 +310,16 @@ def test_gpu_run_matches_cpu(tmp_path):
     x = random_inputs(m.signature, 0, 1, [m.program])
     got = cr.run_module(built, [x])[0]["C"]
     assert compare(build_perf_cpu(m)(x)["C"], got, "f32")[0]
+
+
+@pytest.mark.skipif(cr.nvcc_path() is None, reason="nvcc not on PATH")
+def test_ptx_cache_callback_returns_the_cached_ptx(tmp_path):
+    import tvm_ffi
+
+    from steptp.backend.perf import export_cuda
+
+    built, src = export_cuda(load_leir(EXAMPLES / "matmul.leir"), tmp_path)
+    cr.register_ptx_cache(built.ptx_dir, built.arch)
+    ptx = tvm_ffi.get_global_func("tvm_callback_cuda_compile")(src)
+    assert bytes(ptx) == (built.ptx_dir / f"{cr.ptx_key(src)}.ptx").read_bytes()
+    assert bytes(ptx).startswith(b"/")  # loaded as PTX by TVM's CUDA module
