@@ -281,3 +281,5 @@ def fresh_tensor_name(taken: set[str]) -> str:
     for c in cands:
         if c not in taken:
             taken.add(c)
+            return c
+    raise AssertionError("unreachable")  # pragma: no cover
