@@ -36,7 +36,6 @@ to the tensor dtype; the generator is ``numpy.random.default_rng([seed, trial])`
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -440,16 +439,13 @@ def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
 
 
-#: Environment variable naming the default device of :func:`verify_pair` (``cpu`` / ``cuda``);
-#: ``stp dataset --device cuda`` sets it, so worker processes (spawned, they inherit the
-#: environment) verify on the GPU too.
-DEVICE_ENV = "STP_VERIFY_DEVICE"
+#: Devices :func:`verify_pair` runs the transformed program on.
 DEVICES = ("cpu", "cuda")
 
 
 def verify_device(device: str | None = None) -> str:
-    """``device``, else ``$STP_VERIFY_DEVICE``, else ``cpu``; ``ValueError`` if unknown."""
-    d = device or os.environ.get(DEVICE_ENV) or "cpu"
+    """``device``, else ``cpu``; ``ValueError`` if unknown (not one of :data:`DEVICES`)."""
+    d = device or "cpu"
     if d not in DEVICES:
         raise ValueError(f"unknown verification device {d!r}; expected one of {DEVICES}")
     return d
@@ -712,4 +708,4 @@ def clear_reference_cache() -> None:
 
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
-           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICE_ENV"]
+           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES"]

@@ -50,12 +50,6 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
     problem = device_problem(device)
     if problem:
         fail(problem)  # before anything is created or changed under OUTDIR
-    if device != "cpu":
-        import os
-
-        from ..verify import DEVICE_ENV
-
-        os.environ[DEVICE_ENV] = device  # verify_pair's default, inherited by the spawned workers
     from ..dataset.generate import Options
     from ..dataset.pipeline import DatasetError, generate_dataset
     from ..resources import rules_dir
@@ -65,7 +59,7 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         if not Path(p).exists():
             fail(f"{p}: no such rule file")
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
-                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc)
+                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device)
     from ..dataset.distributed import RayUnavailable
 
     try:

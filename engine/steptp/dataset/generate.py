@@ -37,6 +37,7 @@ class Options:
     isolated: bool = True       # build+run every check in a worker process with a time limit
     timeout_s: float = 60.0     # per check (isolated mode)
     rule_paths: list[str] = field(default_factory=list)
+    device: str = "cpu"         # where transformed programs run in verification: cpu or cuda (--device)
 
 
 @dataclass
@@ -207,7 +208,7 @@ class _RuleRun:
             art: dict = {}
             res = verify_pair(self.module, step.after, trials=opts.trials, seed=opts.seed, runner=_runner(opts),
                               timeout_s=opts.timeout_s, nvcc=opts.nvcc and not defer_nvcc,
-                              artifacts=art if opts.with_cuda else None)
+                              artifacts=art if opts.with_cuda else None, device=opts.device)
             if not res.equal:
                 self.attempts.append({"rule": rule.id, "outcome": "failed", "reason": res.reason})
             elif defer_nvcc and "tir_cuda" in art:

@@ -49,6 +49,8 @@ class DatasetError(RuntimeError):
 def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     d = asdict(opts)
     d["rule_paths"] = [Path(p).name for p in opts.rule_paths]
+    if d["device"] == "cpu":
+        del d["device"]  # run.json of CPU runs as before --device existed (they resume)
     d["policy"] = asdict(policy)
     return d
 
