@@ -70,7 +70,8 @@ def test_chat_sets_are_ms_swift_and_answers_round_trip(small_run):
     for rec in singles:
         user, assistant = rec["messages"]
         assert (user["role"], assistant["role"]) == ("user", "assistant")
-        entry = entries[rec["meta"]["entry_id"]]
+        assert len(rec["meta"]["entry_ids"]) == 1
+        entry = entries[rec["meta"]["entry_ids"][0]]
         assert entry["original"]["leir"] in user["content"]
         (answer,) = parse_answer(assistant["content"])
         assert answer["transformed_IR"] == entry["transformed"]["leir"]
@@ -99,6 +100,12 @@ def test_outputs_load_with_datasets_and_parquet(small_run, tmp_path):
     assert set(d.column_names) >= {"id", "original", "transformed", "cot", "verification", "strategy"}
     c = datasets.load_dataset("json", data_files=str(small_run / "chat_single.jsonl"), split="train")
     assert c[0]["messages"][0]["role"] == "user"
+    # both chat sets share one schema: one DatasetDict
+    assert rows(small_run / "chat_multi.jsonl")
+    dd = datasets.load_dataset("json", data_files={"single": str(small_run / "chat_single.jsonl"),
+                                                   "multi": str(small_run / "chat_multi.jsonl")})
+    assert set(dd) == {"single", "multi"} and dd["single"].features == dd["multi"].features
+    assert dd["multi"][0]["meta"]["kind"] == "multi" and len(dd["multi"][0]["meta"]["entry_ids"]) >= 2
     pq = tmp_path / "dictionary.parquet"
     n = to_parquet(small_run / "dictionary.jsonl", pq)
     p = datasets.load_dataset("parquet", data_files=str(pq), split="train")

@@ -53,8 +53,7 @@ def single_messages(entry: dict) -> dict:
     prompt = single_prompt(entry["program"], entry["original"]["leir"], entry["signature"])
     label = single_label(entry["cot"], entry["transformed"]["leir"], entry["strategy"]["name"])
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": label}],
-            "meta": {"kind": "single", "entry_id": entry["id"], "strategy": entry["strategy"]["id"],
-                     "level": entry["difficulty"]["level"]}}
+            "meta": _meta("single", [entry])}
 
 
 def multi_messages(entries: list[dict]) -> dict:
@@ -70,8 +69,17 @@ def multi_messages(entries: list[dict]) -> dict:
                         ensure_ascii=False)
     label = render("answer_multi.j2", cots=[e["cot"] for e in entries], answer_json=answer)
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": label}],
-            "meta": {"kind": "multi", "entry_ids": [e["id"] for e in entries],
-                     "strategies": [e["strategy"]["id"] for e in entries]}}
+            "meta": _meta("multi", entries)}
+
+
+def _meta(kind: str, entries: list[dict]) -> dict:
+    """The ``meta`` of a chat record, one schema for both sets (so that
+    ``datasets.load_dataset("json", data_files={"single": ..., "multi": ...})`` loads them
+    into one ``DatasetDict``): ``kind``, and per answer, in order, ``entry_ids`` (dictionary
+    entry ids), ``strategies`` (rule ids) and ``levels`` (difficulty levels)."""
+    return {"kind": kind, "entry_ids": [e["id"] for e in entries],
+            "strategies": [e["strategy"]["id"] for e in entries],
+            "levels": [e["difficulty"]["level"] for e in entries]}
 
 
 #: Largest model output :func:`parse_answer` reads (characters); longer text is refused.

@@ -113,7 +113,7 @@ def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
 
 
 def _entry(src: Source, module: LeirModule, original: dict, original_check: dict, rule, step, res,
-           opts: Options, nvcc_ran: bool, artifacts: dict | None = None) -> dict:
+           opts: Options, nvcc_ran: bool, artifacts: dict | None = None, symbolic: str | None = None) -> dict:
     """One dictionary entry (design.md §6) for a verified step; ``artifacts`` (from
     :func:`steptp.verify.verify_pair`) hold the GPU TIR and CUDA source already produced."""
     after_text = format_program(step.after.program)
@@ -135,7 +135,7 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "original": original,
         "transformed": transformed,
         "cot": step.cot,
-        "verification": {**res.to_dict(), "nvcc": nvcc_ran, "symbolic": _symbolic(rule, module, step)},
+        "verification": {**res.to_dict(), "nvcc": nvcc_ran, "symbolic": symbolic},
         "original_verification": original_check,
         "seed": opts.seed,
     }
@@ -177,6 +177,7 @@ class _RuleRun:
         self.budget = opts.max_tries * max(1, opts.per_rule)
         self.tries = self.repeats = 0
         self.seen_after: set[str] = set()
+        self.symbolic: dict[str, str | None] = {}  # transformed LEIR -> symbolic verdict (math rules)
 
     def advance(self, defer_nvcc: bool) -> bool:
         """Verify further candidates until enough are kept or pending; False if none was tried."""
@@ -211,6 +212,8 @@ class _RuleRun:
                               artifacts=art if opts.with_cuda else None, device=opts.device)
             if not res.equal:
                 self.attempts.append({"rule": rule.id, "outcome": "failed", "reason": res.reason})
+            elif self._disproved(step, res):
+                continue
             elif defer_nvcc and "tir_cuda" in art:
                 self.attempts.append(None)  # placeholder: decided by the batched nvcc run
                 self.pending.append((step, res, art, len(self.attempts) - 1))
@@ -218,6 +221,18 @@ class _RuleRun:
                 self.attempts.append({"rule": rule.id, "outcome": "equal", "reason": res.reason})
                 self.kept.append((step, res, art))
         return progressed
+
+    def _disproved(self, step, res) -> bool:
+        """Math steps the bounded symbolic check disproves are not verified steps, whatever
+        the random trials say (e.g. ``x/y*y`` where ``y`` can be 0 or ``-inf``): they are
+        recorded as failed attempts. The verdict is kept for the entry."""
+        sym = _symbolic(self.rule, self.module, step)
+        self.symbolic[format_program(step.after.program)] = sym
+        if sym != "disproved":
+            return False
+        self.attempts.append({"rule": self.rule.id, "outcome": "failed",
+                              "reason": "symbolic: disproved (not equal to the original in exact arithmetic)"})
+        return True
 
 
 def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
@@ -280,7 +295,7 @@ class _Program:
             for step, res, art in run.kept:
                 original = original or _lowered(self.module, opts.with_cuda)
                 entries.append(_entry(src, self.module, original, self.original_check, run.rule, step, res, opts,
-                                      nvcc_ran, art))
+                                      nvcc_ran, art, run.symbolic.get(format_program(step.after.program))))
         attempts = [a for run in self.runs for a in run.attempts]
         self.seconds += time.perf_counter() - t0
         return ProgramResult(str(src.path), src.key, self.module.signature.name, entries, attempts,
