@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from steptp.leir import parse_leir
-from steptp.verify import (TOLERANCES, VerifyResult, compare, index_bounds, random_inputs, verify_against,
-                           verify_pair)
+from steptp.verify import (TOLERANCES, VerifyResult, compare, index_bounds, ordered_inputs, random_inputs,
+                           verify_against, verify_pair)
 
 MM_HDR = """% program: gemm relu
 % input A: f32[8,12]
@@ -126,7 +126,7 @@ def test_verify_pair_accepts_correct_loop_reorder_and_fusion():
                  "A^{f32,g}_{tx,c}*W^{f32,g}_{a,c};];C^{f32,g}_{tx,a}=max(D^{f32,g}_{tx,a}+Bb^{f32,g}_{a},0.0);];")
     for t in (reorder, fused):
         r = verify_pair(orig, t)
-        assert (r.diff, r.build, r.exec, r.equal, r.reason, r.trials) == (True, True, True, True, "", 3), r
+        assert (r.diff, r.build, r.exec, r.equal, r.reason, r.trials) == (True, True, True, True, "", 5), r
         assert r.ok and r.max_abs_err == 0.0
 
 
@@ -136,7 +136,40 @@ def test_verify_pair_detects_a_changed_constant():
     r = verify_pair(orig, wrong)
     assert r.diff and r.build and r.exec and not r.equal and not r.ok
     assert r.reason.startswith("equal: output C differs in trial 0")
-    assert r.max_abs_err == pytest.approx(0.001, rel=1e-3) and r.trials == 3
+    assert r.max_abs_err == pytest.approx(0.001, rel=1e-3) and r.trials == 5  # 3 random + 2 ordered
+
+
+REDUCE = """% program: reduction
+% input A: f32[2,4,16]
+% output C: f32[2,4]
+B^{2}_{tx=0}L^{4}_{a=0}L^{16}_{c=0}[C^{f32,g}_{tx,a}=OP;];
+"""
+OPS = {"max": "max(C^{f32,g}_{tx,a},A^{f32,g}_{tx,a,c})", "min": "min(C^{f32,g}_{tx,a},A^{f32,g}_{tx,a,c})",
+       "sum": "C^{f32,g}_{tx,a}+A^{f32,g}_{tx,a,c}", "prod": "C^{f32,g}_{tx,a}*A^{f32,g}_{tx,a,c}"}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_a_dropped_reduction_element_fails_for_every_seed(op):
+    """Issue 19: max over 15 of 16 values passed the three random trials for 4 of 20 seeds;
+    the ordered trials put each row's extreme at its last element (and at its first)."""
+    orig = leir(REDUCE.replace("OP", OPS[op]))
+    mutant = leir(REDUCE.replace("OP", OPS[op]).replace("L^{16}_{c=0}", "L^{15}_{c=0}"))
+    for seed in range(20):
+        r = verify_pair(orig, mutant, seed=seed)
+        assert r.exec and not r.equal, (op, seed, r)
+    # the other end of the axis: a reduction that skips the FIRST element (c from 1)
+    skip_first = leir(REDUCE.replace("OP", OPS[op]).replace("A^{f32,g}_{tx,a,c}", "A^{f32,g}_{tx,a,c+1}")
+                      .replace("L^{16}_{c=0}", "L^{15}_{c=0}"))
+    for seed in range(5):
+        assert not verify_pair(orig, skip_first, seed=seed).equal
+
+
+def test_ordered_inputs_are_monotone_along_every_axis():
+    sig = leir(REDUCE.replace("OP", OPS["max"])).signature
+    up, down = ordered_inputs(sig, 0, 1)["A"], ordered_inputs(sig, 0, -1)["A"]
+    for axis in range(3):
+        assert (np.diff(up, axis=axis) > 0).all() and (np.diff(down, axis=axis) < 0).all()
+    assert up.min() > 0 and down.min() > 0 and up.dtype == np.float32
 
 
 def test_verify_pair_reduction_factorization_f32_passes():

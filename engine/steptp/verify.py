@@ -4,7 +4,9 @@
   programs against their original (:func:`verify_pair`).
 * Every check runs ``trials`` (default 3) independent trials with seeded random inputs
   (:func:`random_inputs`) and passes only if every output of every trial matches
-  (:func:`compare`, per-dtype :data:`TOLERANCES`).
+  (:func:`compare`, per-dtype :data:`TOLERANCES`). :func:`verify_pair` adds two ordered
+  trials (:func:`ordered_inputs`: inputs increasing, then decreasing, along every axis), so
+  that a step dropping one element of a max/min reduction fails for every seed.
 * The outcome is a :class:`VerifyResult` with the paper's progressive metrics: **Diff** (the
   canonical LEIR text changed), **Build** (lowering, LLVM build and, by default, the GPU
   preflight and TVM CUDA code generation; optionally nvcc), **Exec** (the CPU kernel ran on
@@ -358,6 +360,42 @@ def random_inputs(signature: Signature, seed: int = 0, trial: int = 0,
     return out
 
 
+#: Ordered trials :func:`verify_pair` runs after the random ones: inputs increasing along
+#: every axis (+1), then decreasing (-1).
+ORDERED_TRIALS = (1, -1)
+
+
+def ordered_inputs(signature: Signature, seed: int = 0, direction: int = 1,
+                   programs: Sequence[A.Program] = ()) -> dict[str, np.ndarray]:
+    """Inputs whose floating point tensors are strictly monotone along every axis, so that
+    every element of a reduction matters in one of the two directions: the largest element
+    of each row is the last one when ``direction`` is +1, the smallest when it is -1. A max
+    (min) reduction that drops its last element therefore fails the increasing (decreasing)
+    trial for every seed, which random draws miss now and then (a 15-of-16 max passes random
+    trials 4 times in 20).
+
+    Element ``(i_1..i_r)`` of a shape ``(n_1..n_r)`` gets ``0.1 + 1.9 * u`` (+1) or
+    ``2 - 1.9 * u`` (-1), with ``u = mean_k(i_k / (n_k - 1))`` in [0, 1]: positive like
+    trial kind 1, so log/sqrt stay finite. Neighbours along axis ``k`` differ by
+    ``1.9 / (r (n_k - 1))``: distinct in f32/f64; in f16/bf16 long axes may round to ties.
+    Integer, boolean and index tensors are drawn as in :func:`random_inputs` (trial kind 1).
+    Deterministic for ``(signature, seed, direction, programs)``."""
+    trial = 4 if direction > 0 else 7  # ints and bools as random trial kind 1 (trial % 3 == 1)
+    out = random_inputs(signature, seed, trial, programs)
+    for t in signature.tensors:
+        if t.is_output or t.dtype == "bool" or t.dtype[0] in "iu":
+            continue
+        shape = tuple(t.shape)
+        u = np.zeros(shape, dtype=np.float64)
+        for k, n in enumerate(shape):
+            ramp = np.arange(n, dtype=np.float64) / max(n - 1, 1)
+            u = u + ramp.reshape((1,) * k + (n,) + (1,) * (len(shape) - k - 1))
+        u = u / max(len(shape), 1)
+        x = 0.1 + 1.9 * u if direction > 0 else 2.0 - 1.9 * u
+        out[t.name] = np.asarray(x).astype(np_dtype(tvm_dtype(t.dtype)))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Results
 # ---------------------------------------------------------------------------
@@ -543,7 +581,7 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
                 gpu_check: bool = True, nvcc: bool = False, require_diff: bool = True,
                 input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
                 limits: GpuLimits = DEFAULT_GPU, artifacts: dict | None = None,
-                device: str | None = None) -> VerifyResult:
+                device: str | None = None, ordered: bool = True) -> VerifyResult:
     """Verify that ``transformed`` computes what ``original`` computes (one strategy step).
 
     * Diff: canonical program texts differ; with ``require_diff`` (default) an unchanged
@@ -553,7 +591,9 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     * Build: CPU lowering + LLVM build; with ``gpu_check`` (default) also the GPU preflight
       and TVM CUDA code generation; with ``nvcc`` also ``nvcc --ptx`` (skipped if absent).
     * Exec/Equal: ``trials`` seeded trials (inputs from ``input_fn(seed, trial)`` or
-      :func:`random_inputs` over the original program); the original's outputs are the
+      :func:`random_inputs` over the original program), then, with ``ordered`` (default)
+      and no ``input_fn``, the two :func:`ordered_inputs` trials (increasing, decreasing
+      along every axis: every reduction element matters); the original's outputs are the
       reference (cached per original text, seed and trials when ``input_fn`` is None).
     * ``isolated`` / ``runner``: run build+execution in a worker process with time limit
       ``timeout_s`` seconds (ignored in process). A crash or time-out is an Exec failure.
@@ -568,8 +608,7 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
 
     * ``device``: where ``transformed`` runs: ``cpu`` (the verification form, LLVM) or
       ``cuda`` (its GPU form exported, loaded with the TVM runtime and run on the GPU,
-      outputs poisoned; :func:`steptp.backend.perf.run_cuda_lowered`); default
-      ``$STP_VERIFY_DEVICE`` or ``cpu``. The reference is the original's CPU run either
+      outputs poisoned; :func:`steptp.backend.perf.run_cuda_lowered`); default ``cpu``. The reference is the original's CPU run either
       way; ``res.device`` records the device. Callers check
       :func:`steptp.backend.cuda_runtime.cuda_available` first (a missing GPU is an Exec
       failure here).
@@ -599,7 +638,7 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     sig = original.signature
 
     # reference (original) outputs
-    key = (original.text(), int(seed), int(trials)) if input_fn is None else None
+    key = (original.text(), int(seed), int(trials), bool(ordered)) if input_fn is None else None
     cached = _REF_CACHE.get(key) if key is not None else None
     if cached is not None:
         _REF_CACHE.move_to_end(key)
@@ -607,6 +646,8 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     else:
         if input_fn is None:
             inputs = [random_inputs(sig, seed, k, [original.program]) for k in range(trials)]
+            if ordered:
+                inputs += [ordered_inputs(sig, seed, d, [original.program]) for d in ORDERED_TRIALS]
         else:
             inputs = [dict(input_fn(seed, k)) for k in range(trials)]
         try:
@@ -708,4 +749,4 @@ def clear_reference_cache() -> None:
 
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
-           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES"]
+           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs", "ORDERED_TRIALS"]
