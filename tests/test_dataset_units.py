@@ -51,6 +51,36 @@ def test_single_filter_rates_follow_policy():
     assert kept == keep_single(simplify + expand + hard, FilterPolicy(seed=3))  # seeded
 
 
+def test_paper_profile_gives_the_papers_composition():
+    """--profile paper: final items ~87/12/0.5 % difficult/medium/easy and multi-answer
+    records outnumbering single-answer ones about 2.3 : 1, from a dictionary that is half
+    medium (as translated corpus programs give), seeded."""
+    from steptp.dataset.pipeline import filtered_sets
+
+    entries, i = [], 0
+    for prog in range(120):
+        leir = f"B^{{2}}_{{tx=0}}[C^{{f32,g}}_{{tx}}=A^{{f32,g}}_{{tx}}*{prog}.0;];"
+        for sid, level, n in (("loop_split", "difficult", 5), ("loop_reorder", "medium", 6), ("logsimp", "easy", 2)):
+            for _ in range(n):
+                entries.append(_entry(i, sid, level, leir))
+                i += 1
+    policy = FilterPolicy(seed=1, profile="paper")
+    singles, multis = filtered_sets(entries, policy)
+    items = singles + [e for g in multis for e in g]
+    share = {lv: sum(e["difficulty"]["level"] == lv for e in items) / len(items)
+             for lv in ("difficult", "medium", "easy")}
+    assert share["difficult"] >= 0.82 and 0.08 <= share["medium"] <= 0.16 and share["easy"] <= 0.03, share
+    assert 1.8 <= len(multis) / len(singles) <= 2.8
+    assert all(len({e["original"]["leir"] for e in g}) == 1 and len(g) >= 2 for g in multis)
+    assert all(e["difficulty"]["level"] != "easy" for g in multis for e in g)
+    assert len({tuple(sorted(e["id"] for e in g)) for g in multis}) == len(multis)  # distinct subsets
+    assert (singles, multis) == filtered_sets(list(reversed(entries)), policy)  # seeded, order-free
+    default = filtered_sets(entries, FilterPolicy(seed=1))
+    assert len(default[1]) == 120 and len(default[0]) > len(default[1])  # one multi record per program
+    with pytest.raises(ValueError, match="unknown dataset profile"):
+        FilterPolicy(profile="other")
+
+
 def test_multi_filter_drops_easy_and_caps_medium():
     counts = {}
     policy = FilterPolicy(medium_cap_multi=1)

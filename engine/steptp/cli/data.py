@@ -39,6 +39,11 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
             ray_address: Optional[str] = typer.Option(None, "--ray-address",
                                                       help="Ray cluster address (ray://host:10001, host:6379, auto); "
                                                            "implies --ray."),
+            profile: str = typer.Option("default", "--profile",
+                                        help="Composition of the chat sets: default (the §3.4 filter, one multi-answer "
+                                             "record per program) or paper (sampled to the released dataset: 87/12/0.5 % "
+                                             "difficult/medium/easy items, 2.3 multi-answer records per single-answer "
+                                             "one). Part of the run's options."),
             device: str = typer.Option("cpu", "--device",
                                        help="Where transformed programs run during verification: cpu or cuda "
                                             "(the GPU form on the GPU; references stay on the CPU).")):
@@ -60,10 +65,16 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
             fail(f"{p}: no such rule file")
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
                    isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device)
+    from ..dataset.difficulty import PROFILES, FilterPolicy
     from ..dataset.distributed import RayUnavailable
 
+    if profile not in PROFILES:
+        fail(f"--profile {profile}: expected one of {', '.join(PROFILES)}")
+    policy = FilterPolicy(seed=seed, profile=profile)
+
     try:
-        report = generate_dataset([str(i) for i in inputs], outdir, opts, workers=workers, progress=not quiet,
+        report = generate_dataset([str(i) for i in inputs], outdir, opts, policy=policy, workers=workers,
+                                  progress=not quiet,
                                   use_ray=use_ray or ray_address is not None, ray_address=ray_address,
                                   batch=batch)
     except (DatasetError, FileNotFoundError, ValueError) as e:

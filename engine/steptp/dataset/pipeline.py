@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 from tqdm import tqdm
 
 from .chat import multi_messages, single_messages
-from .difficulty import FilterPolicy, filter_multi_items, keep_single
+from .difficulty import FilterPolicy, filter_multi_items, keep_single, paper_sets
 from .generate import Options, ProgramResult, process_batch_safe
 from .resume import ResumeError, load_resume_state
 from .sources import discover
@@ -51,7 +51,7 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     d["rule_paths"] = [Path(p).name for p in opts.rule_paths]
     if d["device"] == "cpu":
         del d["device"]  # run.json of CPU runs as before --device existed (they resume)
-    d["policy"] = asdict(policy)
+    d["policy"] = policy.recorded()
     return d
 
 
@@ -196,12 +196,17 @@ def filtered_sets(entries: list[dict], policy: FilterPolicy) -> tuple[list[dict]
 
     Returns ``(single, multi)``: the entries kept as single-answer records (sorted by id) and,
     per original program with enough kept items, the entries of one multi-answer record
-    (a seeded sample of 2..n items). Deterministic for ``policy.seed`` and the set of entries."""
+    (a seeded sample of 2..n items); with ``policy.profile == "paper"`` the sampling of
+    :func:`steptp.dataset.difficulty.paper_sets`. Deterministic for ``policy.seed`` and the
+    set of entries."""
     entries = sorted(entries, key=lambda e: e["id"])
-    singles = keep_single(entries, policy)
     by_original: dict[str, list[dict]] = defaultdict(list)
     for e in entries:
         by_original[e["original"]["leir"]].append(e)
+    if policy.profile == "paper":
+        return paper_sets([sorted(by_original[k], key=lambda e: (e["strategy"]["id"], e["id"]))
+                           for k in sorted(by_original)], policy)
+    singles = keep_single(entries, policy)
     rng = random.Random(f"multi:{policy.seed}")
     counts: dict[str, int] = {}
     multis = []
