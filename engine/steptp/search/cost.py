@@ -10,8 +10,9 @@ For every equation instance (its enclosing loops give the iteration count ``n``)
   loop is ``V`` (vector width = 32 bytes / dtype bytes on the CPU, AVX2; 1 on CUDA, where
   the SIMT lanes are the threads).
 * memory: every tensor access moves ``n * dtype_bytes * stride_factor / reuse`` bytes at
-  the bandwidth of its scope (``g`` 20 GB/s on the CPU (one core's DRAM share), ``s``/``l``
-  treated as cache/registers: 4x and 16x faster). ``stride_factor`` is 1 when the
+  the bandwidth of its scope (``g`` 20 GB/s on the CPU (one core's DRAM share), 100 GB/s
+  when the equation touches at most 1 MiB (cache); ``s``/``l`` treated as cache/registers:
+  4x and 16x faster). ``stride_factor`` is 1 when the
   innermost loop index is in the last subscript (contiguous), 8 when it is in another
   subscript (one cache line of 64 B per element), and the access costs once per
   innermost-loop trip (``reuse`` = innermost extent) when the innermost index does not
@@ -57,6 +58,8 @@ class Target:
     vector_bytes: int = 32
     bw_gbs: float = 20.0
     sms: int = 132
+    cache_gbs: float = 100.0
+    cache_bytes: int = 1 << 20
 
     @staticmethod
     def for_name(name: str) -> "Target":
@@ -131,7 +134,8 @@ def _eq_ns(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> float:
         lanes = max(1, min(inner.extent, tgt.vector_bytes // nbytes))
     compute_ns = n * _ops(eq.value) / (tgt.freq_ghz * lanes)
     mem_ns = 0.0
-    bw = tgt.bw_gbs  # GB/s = bytes/ns
+    # GB/s = bytes/ns; an equation whose accesses fit in the cache (1 MiB) runs at cache bandwidth
+    bw = tgt.cache_gbs if tgt.kind == "cpu" and n * nbytes <= tgt.cache_bytes else tgt.bw_gbs
     for acc in _accesses(eq):
         b = _DTYPE_BYTES.get(acc.dtype, 4)
         scope_speed = {"g": 1.0, "s": 4.0, "l": 16.0}.get(acc.scope, 1.0)

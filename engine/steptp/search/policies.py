@@ -43,66 +43,119 @@ def _rng(seed: int, *parts) -> random.Random:
 class EnginePolicy:
     """Candidates from the rule engine (see the module docstring).
 
-    ``rules``: rules to use (default :func:`steptp.rules.load_rules`); ``rank``: ``random``
-    or ``cost``; ``seed``; ``per_rule``: at most this many (site, params) candidates per
-    rule and program (a seeded sample; default 8); ``target``: the cost model's target
-    (``cpu``/``cuda``); ``cache_size``: programs whose candidate lists are kept.
+    ``rules``: rules to use (default: every shipped rule; rule objects or ids, looked up in
+    ``rules_dir``); ``rank``: ``random`` or ``cost``; ``seed``; ``per_rule``: at most this
+    many (site, params) candidates per rule and program (a seeded sample; default 8);
+    ``target``: the cost model's target (``cpu``/``cuda``).
+
+    Matching and application run in a worker process (:mod:`.engine_worker`) with
+    ``apply_timeout_s`` seconds per candidate (``list_timeout_s`` to list a program's
+    candidates) and an address space of ``mem_bytes``; a candidate over a limit is skipped.
     """
 
     def __init__(self, rules=None, *, rank: str = "random", seed: int = 0, per_rule: int = 8, target: str = "cpu",
-                 cache_size: int = 256):
+                 rules_dir: str | None = None, apply_timeout_s: float = 30.0, list_timeout_s: float = 120.0,
+                 mem_bytes: int = 3 << 30, cache_size: int = 256):
         if rank not in ("random", "cost"):
             raise ValueError(f"rank must be 'random' or 'cost', not {rank!r}")
         if rules is None:
             from ..rules import load_rules
 
-            rules = load_rules()
-        self.rules = list(rules)
+            rules = load_rules(rules_dir)
+        self.rule_ids = [r if isinstance(r, str) else r.id for r in rules]
         self.rank = rank
         self.seed = seed
         self.per_rule = per_rule
         self.target = target
+        self.rules_dir = rules_dir
+        self.apply_timeout_s = apply_timeout_s
+        self.list_timeout_s = list_timeout_s
+        self.mem_bytes = mem_bytes
         self.cache_size = cache_size
+        self.skipped: dict[str, int] = {}  # why candidates were skipped (time, memory, failed)
+        self._runner = None
         self._cands: dict[str, list] = {}
         self._used: dict[str, set] = {}
         self._calls: dict[str, int] = {}
         self._ranked: dict[str, list] = {}  # rank="cost": applied candidates not yet proposed, cheapest first
 
-    def candidates(self, module: LeirModule) -> list:
-        """``(rule, site, params)`` triples for ``module``, cached per canonical text."""
-        from ..engine import NoMatch, list_candidates
+    def _call(self, fn, *args, timeout_s: float):
+        from ..backend.build import IsolatedRunner
+        from ..backend.errors import BackendError
+
+        if self._runner is None:
+            self._runner = IsolatedRunner()
+        try:
+            return self._runner.call(fn, *args, timeout_s=timeout_s)
+        except BackendError as e:  # time limit (worker killed) or crash: restarted on the next call
+            return e
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def candidates(self, module: LeirModule) -> list[tuple[str, int]]:
+        """``(rule id, candidate index)`` pairs for ``module`` (at most ``per_rule`` per
+        rule, a seeded sample), cached per canonical text."""
+        from . import engine_worker as W
 
         key = canonical(module)
         hit = self._cands.get(key)
         if hit is not None:
             return hit
+        text = module.text()
+        counts = self._call(W.count_candidates, text, self.rule_ids, self.rules_dir, self.mem_bytes,
+                            timeout_s=self.list_timeout_s)
+        if isinstance(counts, Exception) or counts.get("memory"):
+            self._restart()
+            counts = {}
+            for rid in self.rule_ids:  # one rule at a time, to lose only the one that explodes
+                c = self._call(W.count_candidates, text, [rid], self.rules_dir, self.mem_bytes,
+                               timeout_s=self.apply_timeout_s)
+                if isinstance(c, Exception) or c.get("memory"):
+                    self._skip("list: time or memory limit")
+                    self._restart()
+                    continue
+                counts.update(c)
         out = []
-        for r in self.rules:
-            try:
-                cs = list_candidates(r, module)
-            except (NoMatch, ValueError, RecursionError):
-                continue
-            except Exception:  # noqa: BLE001 - a rule that fails on this program offers nothing
-                continue
-            if len(cs) > self.per_rule:
-                idx = sorted(_rng(self.seed, "cap", r.id, key).sample(range(len(cs)), self.per_rule))
-                cs = [cs[i] for i in idx]
-            out.extend((r, s, p) for s, p in cs)
+        for rid in self.rule_ids:
+            n = int(counts.get(rid, 0))
+            idx = list(range(n))
+            if n > self.per_rule:
+                idx = sorted(_rng(self.seed, "cap", rid, key).sample(idx, self.per_rule))
+            out.extend((rid, i) for i in idx)
         if len(self._cands) >= self.cache_size:
             self._cands.pop(next(iter(self._cands)))
         self._cands[key] = out
         return out
 
-    def _apply(self, module: LeirModule, rule, site, params) -> Proposal | None:
-        from ..engine import NoMatch, RewriteError, apply_rule
+    def _skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
 
-        try:
-            st = apply_rule(rule, module, seed=self.seed, site=site, params=params)
-        except (RewriteError, NoMatch, ValueError, RecursionError):
+    def _restart(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+
+    def _apply(self, module: LeirModule, rule_id: str, index: int) -> Proposal | None:
+        from ..leir import parse_leir
+        from . import engine_worker as W
+
+        r = self._call(W.apply_candidate, module.text(), rule_id, index, self.seed, self.rules_dir, self.mem_bytes,
+                       timeout_s=self.apply_timeout_s)
+        if isinstance(r, Exception):
+            self._skip("apply: time limit or crash")
             return None
-        except Exception:  # noqa: BLE001 - one broken candidate is skipped
+        if r[0] == "memory":
+            self._skip("apply: memory limit")
+            self._restart()
             return None
-        return Proposal(st.after, rule.id, str(site), dict(params), st.cot)
+        if r[0] != "ok":
+            self._skip("apply: rewrite failed")
+            return None
+        _, text, cot, site, params = r
+        after = parse_leir(text, "<search>")
+        return Proposal(LeirModule(module.signature, after.program), rule_id, site, params, cot)
 
     def propose(self, node: Node, history: list[Node], k: int) -> list[Proposal]:
         key = node.text

@@ -129,18 +129,34 @@ def load_program(path: Path):
 def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.02) -> float:
     """PyTorch eager run time (µs, median of ``repeat`` repetitions of at least
     ``min_repeat_s`` each, after ``warmup`` calls) of a translation's model on its example
-    inputs, on the CPU."""
+    inputs, on the CPU with ONE intra-op thread (as the LEIR timings: TVM's pool runs one
+    thread unless ``TVM_NUM_THREADS`` is set; several torch threads on a shared machine
+    also spin against other processes and inflate small kernels' times by 1000x)."""
     import torch
 
     args = tr.example_inputs
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(1, int(os.environ.get("TVM_NUM_THREADS") or 1)))
+    except ValueError:
+        torch.set_num_threads(1)
+    try:
+        return _eager(tr.model, args, repeat, warmup, min_repeat_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _eager(model, args, repeat: int, warmup: int, min_repeat_s: float) -> float:
+    import torch
+
     with torch.no_grad():
         for _ in range(warmup):
-            tr.model(*args)
+            model(*args)
         n = 1
         while True:
             t0 = time.perf_counter()
             for _ in range(n):
-                tr.model(*args)
+                model(*args)
             dt = time.perf_counter() - t0
             if dt >= min_repeat_s or n >= 1 << 20:
                 break
@@ -149,7 +165,7 @@ def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.
         for _ in range(repeat):
             t0 = time.perf_counter()
             for _ in range(n):
-                tr.model(*args)
+                model(*args)
             times.append((time.perf_counter() - t0) / n)
     return statistics.median(times) * 1e6
 
@@ -252,6 +268,9 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
         run_algorithm(cfg.algorithm, s, **params)
     finally:
         bar.close()
+        close = getattr(policy, "close", None)
+        if close is not None:
+            close()
     summary = summarize(s, cfg, name, source, time.perf_counter() - t_start)
     if tr is not None and cfg.target == "cpu":
         try:
@@ -263,6 +282,8 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
             summary["eager_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     if hasattr(policy, "log"):
         summary["llm_requests"] = policy.log
+    if getattr(policy, "skipped", None):
+        summary["skipped_candidates"] = dict(policy.skipped)
     best = s.best
     save_leir(LeirModule(root.signature, best.module.program), out / "best.leir")
     save_leir(root, out / "root.leir")
