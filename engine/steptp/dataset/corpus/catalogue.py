@@ -37,7 +37,8 @@ _SINGLE_SKIP = {"BatchNorm", "InstanceNorm", "MaxPool", "AvgPool", "Gemm", "Matm
                 "BiasAdd", "Multiply", "ScaledDotProductAttention", "ScaledDotProductAttentionCausal",
                 "Attention", "CausalAttention", "MultiHeadAttention", "MultiHeadAttentionSDPA",
                 "CausalMultiHeadAttention", "GroupedQueryAttention", "GroupedQueryAttentionCausal",
-                "MultiQueryAttention", "MultiQueryAttentionCausal", "CrossAttention", "TransformerBlock"}
+                "MultiQueryAttention", "MultiQueryAttentionCausal", "CrossAttention", "TransformerBlock",
+                "TwinActivation", "SiameseConv1d", "SiameseConv2d", "GroupedReduce", "LogProduct", "LogSum"}
 for _n, _c in COMPONENTS.items():
     if _n not in _SINGLE_SKIP:
         _type(_n, "single", _c.family, (_n,))
@@ -59,6 +60,10 @@ _BLOCKS = {
     "GroupedQueryAttentionCausal": ("GroupedQueryAttentionCausal",), "MultiQueryAttention": ("MultiQueryAttention",),
     "MultiQueryAttentionCausal": ("MultiQueryAttentionCausal",), "CrossAttention": ("CrossAttention",),
     "TransformerBlock": ("TransformerBlock",),
+    # shapes for graph / loop / math strategies: the same operator on two inputs, a shared-weight
+    # convolution on two inputs, a reduction over a reshaped view, logs of products and sums of logs
+    "TwinActivation": ("TwinActivation",), "SiameseConv1d": ("SiameseConv1d",), "SiameseConv2d": ("SiameseConv2d",),
+    "GroupedReduce": ("GroupedReduce",), "LogProduct": ("LogProduct",), "LogSum": ("LogSum",),
 }
 for _n, _r in _BLOCKS.items():
     _type(_n, "block", COMPONENTS[_r[0]].family if len(_r) == 1 else "block", _r)

@@ -252,3 +252,90 @@ _reg("CrossAttention", _mha, kind="head", family="attention", cross=True)
 _reg("TransformerBlock", _transformer_block, kind="head", family="attention")
 _reg("SwiGLU", _mlp_head, kind="head", family="block", mlp="swiglu")
 _reg("FFNResidual", _mlp_head, kind="head", family="block", mlp="ffn")
+
+
+# ---- two-input and reshaped-input heads (shapes for graph, loop and math strategies) ----
+# Each creates its own inputs. They add program shapes the translator's one-nest-per-operator
+# output otherwise lacks: the same element-wise operator on two inputs (tensor concat to fuse
+# operators), one shared-weight convolution on two inputs (partially equivalent then correct),
+# a reduction over a reshaped view (index o*f+i: loop fusion), logarithms of products and sums
+# of logarithms of positive values (expand log, logsimp).
+
+_TWIN_ACTS = {"sigmoid": "torch.sigmoid({x})", "tanh": "torch.tanh({x})", "gelu": "F.gelu({x})",
+              "silu": "F.silu({x})", "exp": "torch.exp({x})", "softplus": "F.softplus({x})",
+              "elu": "F.elu({x})", "square": "{x} * {x}"}
+
+
+def _pair_shape(b: _Builder) -> tuple:
+    if b.chance("rank3", 0.4):
+        return (b.dim("batch", 1, 64), b.dim("channels", 2, 256), b.dim("length", 2, 1024))
+    return (b.dim("batch", 1, 512), b.dim("features", 2, 1024))
+
+
+def _twin_activation(b: _Builder, x: None) -> _Var:
+    """``act(x) <op> act(y)``: the same element-wise operator on two inputs of one shape."""
+    shape = _pair_shape(b)
+    xa, ya = b.input("x", shape), b.input("y", shape)
+    act = _TWIN_ACTS[b.pick("act", sorted(_TWIN_ACTS))]
+    op = b.pick("combine", ["+", "-", "*"])
+    b.cost(10 * _numel(shape))
+    return b.assign(f"{act.format(x=xa.name)} {op} {act.format(x=ya.name)}", shape)
+
+
+def _siamese_conv(b: _Builder, x: None, *, nd: int) -> _Var:
+    """One convolution (shared weights, "same" padding, no bias) applied to two inputs, the
+    outputs combined (a siamese / two-view encoder)."""
+    Bt, C, Co = b.dim("batch", 1, 16), b.dim("channels", 1, 64), b.dim("cout", 1, 64)
+    k = b.pick("kernel", [3, 3, 5])
+    sp = tuple(b.dim(f"s{i}", k, 256 if nd == 1 else 64) for i in range(nd))
+    shape = (Bt, C) + sp
+    xa, ya = b.input("x", shape), b.input("y", shape)
+    m = b.module("conv", f"nn.Conv{nd}d({C}, {Co}, kernel_size={k}, padding={k // 2}, bias=False)")
+    oshape = (Bt, Co) + sp
+    b.cost(2 * 2 * _numel(oshape) * C * k ** nd + C * Co * k ** nd)
+    how = b.pick("combine", ["+", "-", "cat"])
+    if how == "cat":
+        return b.assign(f"torch.cat([{m}({xa.name}), {m}({ya.name})], dim=1)", (Bt, 2 * Co) + sp)
+    return b.assign(f"{m}({xa.name}) {how} {m}({ya.name})", oshape)
+
+
+def _grouped_reduce(b: _Builder, x: None) -> _Var:
+    """A reduction over a reshaped view: the last dim n is viewed as (groups, n/groups) and
+    both new dims are reduced (a per-row statistic computed group by group)."""
+    lead = (b.dim("batch", 1, 512),)
+    if b.chance("rank3", 0.4):
+        lead = lead + (b.dim("channels", 2, 64),)
+    g, k = b.dim("groups", 2, 64), b.dim("group_size", 2, 256)
+    xa = b.input("x", lead + (g * k,))
+    fn = b.pick("reduce", ["sum", "mean", "amax"])
+    r = len(lead)
+    b.cost(_numel(lead) * g * k)
+    view = ", ".join(str(s) for s in lead + (g, k))
+    return b.assign(f"torch.{fn}({xa.name}.view({view}), dim=({r}, {r + 1}))", lead)
+
+
+#: positive element-wise factors (log of their product is the sum of their logs everywhere)
+_POS_FACTORS = {"sigmoid": "torch.sigmoid({x})", "exp": "torch.exp({x})", "softplus": "F.softplus({x})",
+                "square1": "({x} * {x} + 1.0)"}
+
+
+def _log_product(b: _Builder, x: None, *, form: str) -> _Var:
+    """``log(f(x) * g(y))`` (form ``product``) or ``log(f(x)) + log(g(y))`` (form ``sum``) with
+    positive f, g: a log-likelihood of two independent factors."""
+    shape = _pair_shape(b)
+    xa, ya = b.input("x", shape), b.input("y", shape)
+    names = sorted(_POS_FACTORS)
+    f = _POS_FACTORS[b.pick("f", names)].format(x=xa.name)
+    g = _POS_FACTORS[b.pick("g", names)].format(x=ya.name)
+    b.cost(12 * _numel(shape))
+    if form == "product":
+        return b.assign(f"torch.log({f} * {g})", shape)
+    return b.assign(f"torch.log({f}) + torch.log({g})", shape)
+
+
+_reg("TwinActivation", _twin_activation, kind="head", family="pair")
+_reg("SiameseConv1d", _siamese_conv, kind="head", family="conv", nd=1)
+_reg("SiameseConv2d", _siamese_conv, kind="head", family="conv", nd=2)
+_reg("GroupedReduce", _grouped_reduce, kind="head", family="reduction")
+_reg("LogProduct", _log_product, kind="head", family="math", form="product")
+_reg("LogSum", _log_product, kind="head", family="math", form="sum")
