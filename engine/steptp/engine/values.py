@@ -25,7 +25,8 @@ Families:
 * **Terms and subscripts**: ``subscripts_of``, ``free_indices``, ``index_only_in``,
   ``tensor_name``, ``tensors_of``, ``subst_index``, ``shifted``, ``renamed``,
   ``reads_only``, ``index_outside``, ``plain_in``, ``plain_subscript``, ``has_bound_index``,
-  ``target_of``.
+  ``target_of``, ``definition`` (a read's element-wise definition in a producer nest),
+  ``head_of``, ``operand``.
 * **Shapes and layouts**: ``shape_of``, ``rank_of``, ``flattened``, ``split_entry``,
   ``dim_has_bound_index``.
 * **Counts**: ``readers`` / ``writers`` (equations reading / writing a tensor).
@@ -648,6 +649,87 @@ def _names_thread_indices(ctx, nest, sub) -> bool:
     return all(l.var in plain for l in loops if l.kind == "B" and l.var.startswith("t"))
 
 
+
+# ---------------------------------------------------------------------------
+# Element-wise definitions (math rules that look through a producer nest)
+# ---------------------------------------------------------------------------
+
+
+def _tensors_read(e) -> set[str]:
+    return {x.name for x in A.walk(e) if isinstance(x, A.Tensor)}
+
+
+def _definition(ctx, term, nest):
+    """``definition(t, N)``: the element-wise definition of the term ``t`` read in nest ``N``.
+
+    When ``t`` is a read ``X_{l}`` of an intermediate (not in the signature) whose only
+    writer is the single equation of an earlier top-level nest with exactly the loops of
+    ``N`` (``N`` itself top-level), writing ``X`` at the same subscript ``l`` whose entries are
+    all of that nest's loop indices, not accumulating, and no nest from the producer up to
+    ``N`` (itself included) writes a tensor the definition reads: that equation's value,
+    which equals ``t`` at every iteration of ``N``. Otherwise ``t`` itself. (The translator
+    emits one nest per operator, so ``log(x*y)`` is ``G=E*F`` then ``H=log(G)``.)"""
+    if not isinstance(term, A.Tensor):
+        return term
+    if not isinstance(nest, NestRef):
+        raise ValueExprError(f"definition: expected a nest, got {nest!r}")
+    if len(nest.path) != 1:
+        return term
+    prog = ctx.module.program
+    if any(t.name == term.name for t in ctx.module.signature.tensors):
+        return term
+    k = nest.path[0]
+    site = prog.nests[k]
+    writers = [(i, n, eq) for i, n in enumerate(prog.nests) for _, eq in n.equations()
+               if eq.target.name == term.name]
+    if len(writers) != 1:
+        return term
+    i, producer, eq = writers[0]
+    if i >= k or len(producer.body) != 1 or producer.body[0] is not eq or producer.loops != site.loops:
+        return term
+    if eq.target.indices != term.indices:
+        return term
+    plain = [x.name for x in eq.target.indices if isinstance(x, A.Index)]
+    if len(plain) != len(eq.target.indices) or sorted(plain) != sorted(l.var for l in producer.loops):
+        return term
+    reads = _tensors_read(eq.value)
+    if term.name in reads:
+        return term
+    for n in prog.nests[i:k + 1]:
+        if any(e.target.name in reads for _, e in n.equations()):
+            return term
+    return eq.value
+
+
+def _head_of(ctx, term) -> str:
+    """``head_of(t)``: the top operator of a term: a function name (``log``, ``exp`` ...), a
+    binary operator (``+ - * / // % **``), ``neg``, or ``tensor`` / ``index`` / ``literal``."""
+    t = _expr("head_of", term)
+    if isinstance(t, A.Call):
+        return t.func
+    if isinstance(t, A.BinOp):
+        return t.op
+    if isinstance(t, A.Neg):
+        return "neg"
+    if isinstance(t, A.Tensor):
+        return "tensor"
+    if isinstance(t, A.Index):
+        return "index"
+    return "literal" if isinstance(t, (A.Int, A.Float)) else type(t).__name__.lower()
+
+
+def _operand(ctx, term, k):
+    """``operand(t, k)``: operand ``k`` of the term's top operator (function arguments, the two
+    sides of a binary operator, the operand of a negation)."""
+    t = _expr("operand", term)
+    ops = (t.args if isinstance(t, A.Call) else (t.lhs, t.rhs) if isinstance(t, A.BinOp)
+           else (t.operand,) if isinstance(t, A.Neg) else ())
+    k = _int("operand", k)
+    if not -len(ops) <= k < len(ops):
+        raise ValueExprError(f"operand: {t!r} has {len(ops)} operand(s), no operand {k}")
+    return ops[k]
+
+
 #: name -> (arity, fn(ctx, *args)); arity -1 = variadic (checked by the function itself).
 #: Added to VALUE_FUNCTIONS by :func:`_register` below.
 LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
@@ -706,6 +788,9 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "plain_subscript": (1, _plain_subscript),
     "has_bound_index": (1, _has_bound_index),
     "target_of": (1, _target_of),
+    "definition": (2, _definition),
+    "head_of": (1, _head_of),
+    "operand": (2, _operand),
     # shapes, layouts and counts
     "shape_of": (2, _shape_of),
     "rank_of": (1, _rank_of),
