@@ -105,6 +105,10 @@ BMM Scale Softmax | BMM InstanceNorm ResidualAdd Multiply | Gemm Gemm | Gemm Lay
 Matmul Mish Mish | Matmul Scale ResidualAdd | Matmul GELU Softmax | Conv2d BatchNorm ReLU MaxPool
 Conv2d ReLU GlobalAvgPool Flatten Gemm | ConvTranspose1d Tanh BiasAdd | Conv3d Softplus L2Norm
 Gemm LogSoftmax | Conv2d LayerNorm ReLU | ConvTranspose2d RMSNorm GELU
+TwinActivation Scale | TwinActivation Sum | TwinActivation LayerNorm | TwinActivation Softmax
+SiameseConv1d ReLU | SiameseConv2d ReLU | SiameseConv2d BatchNorm | SiameseConv2d GELU GlobalAvgPool
+GroupedReduce Scale | GroupedReduce Tanh | LogProduct Mean | LogProduct Scale | LogProduct Sum
+LogSum Mean | LogSum Sum | LogSum ReLU
 """
 for _chain in (c.split() for c in _COMPOSITES.replace("\n", "|").split("|") if c.strip()):
     _type("_".join(_chain), "composite", "composite", _chain)
