@@ -242,3 +242,37 @@ def test_verify_corpus_groups_failures_by_op(tmp_path, monkeypatch):
     assert len(fo["cumprod"]["reasons"]) == 1
     text = corpus.format_report(rep)
     assert "verified 2/8" in text and "cumprod" in text and "Conv2d+ReLU+BiasAdd" in text
+
+
+# ---- shapes that strategies need (issue 19, "Reach") ------------------------------------------
+# The translator emits one nest per operator; these block types give the program shapes that
+# strategies otherwise met only in hand-written examples. Each entry: type -> the rule that must
+# match its translation.
+_SHAPE_TYPES = {
+    "TwinActivation": "tensor_concat_to_fuse_operators",    # the same operator on two inputs
+    "SiameseConv1d": "partially_equivalent_then_correct",   # one shared-weight conv on two inputs
+    "SiameseConv2d": "partially_equivalent_then_correct",
+    "GroupedReduce": "loop_fusion",                         # reduction over a reshaped view: o*f+i
+    "LogProduct": "expand_log",                             # log of a product of positive factors
+    "LogSum": "logsimp",                                    # sum of logs of positive factors
+}
+
+
+def test_strategy_shape_types_exist_with_composites():
+    for name in _SHAPE_TYPES:
+        assert name in PROGRAM_TYPES and PROGRAM_TYPES[name].category == "block"
+        assert any(t.recipe[:1] == (name,) and t.category == "composite" for t in PROGRAM_TYPES.values()), name
+
+
+@pytest.mark.parametrize("name", ["TwinActivation", "SiameseConv1d", "GroupedReduce", "LogProduct", "LogSum"])
+def test_strategy_shape_types_match_their_rule_after_translation(name, tmp_path):
+    from steptp.engine import list_candidates
+    from steptp.frontend.translate import translate_file
+    from steptp.resources import rules_dir
+    from steptp.rules import load_rule
+
+    p = tmp_path / f"{name}.py"
+    p.write_text(corpus.generate_program(name, 3, "float32", budget=1 << 14))
+    module = translate_file(p).module
+    rule = load_rule(rules_dir() / f"{_SHAPE_TYPES[name]}.yaml")
+    assert list_candidates(rule, module), (name, _SHAPE_TYPES[name])
