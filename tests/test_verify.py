@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from steptp.leir import parse_leir
-from steptp.verify import (TOLERANCES, VerifyResult, compare, index_bounds, ordered_inputs, random_inputs,
-                           verify_against, verify_pair)
+from steptp.verify import (TOLERANCES, VerifyResult, compare, index_bounds, ordered_inputs, promoted,
+                           random_inputs, rounding_slack, verify_against, verify_pair)
 
 MM_HDR = """% program: gemm relu
 % input A: f32[8,12]
@@ -162,6 +162,33 @@ def test_a_dropped_reduction_element_fails_for_every_seed(op):
                       .replace("L^{16}_{c=0}", "L^{15}_{c=0}"))
     for seed in range(5):
         assert not verify_pair(orig, skip_first, seed=seed).equal
+
+
+CANCEL_HDR = """% program: cancel
+% input A: f32[4,512]
+% output E: f32[4]
+"""
+CANCEL = "B^{4}_{tx=0}L^{512}_{a=0}[S^{f32,g}_{tx}=S^{f32,g}_{tx}+(A^{f32,g}_{tx,a}+1000.0);];\n" \
+         "B^{4}_{tx=0}[E^{f32,g}_{tx}=S^{f32,g}_{tx}-512000.0;];\n"
+CANCEL_SPLIT = CANCEL.replace("L^{512}_{a=0}[", "L^{64}_{a=0}L^{8}_{c=0}[").replace("tx,a}+1000", "tx,c*64+a}+1000")
+
+
+def test_rounding_allowance_is_the_originals_own_error():
+    """Issue 19: a reordered cancelling sum rounds differently from the original; it may do
+    so as much as the original itself rounds (its f32 result against its f64 result on the
+    same inputs), the same rule for every strategy, and no more."""
+    orig = leir(CANCEL_HDR + CANCEL)
+    split = leir(CANCEL_HDR + CANCEL_SPLIT)
+    assert verify_pair(orig, split).equal
+    strict = verify_pair(orig, split, rounding=False)
+    assert not strict.equal and "allowance" not in strict.reason
+    wrong = leir(CANCEL_HDR + CANCEL_SPLIT.replace("512000.0", "512004.0"))
+    r = verify_pair(orig, wrong)
+    assert not r.equal and "the original's own rounding error allowance" in r.reason
+    high = promoted(orig).text()
+    assert "f32" not in high and high.count("f64") == orig.text().count("f32") == 7
+    assert promoted(leir((CANCEL_HDR + CANCEL).replace("f32", "f64"))) is None  # nothing to promote
+    assert rounding_slack(np.array([1.0, np.inf]), np.array([1.5, 2.0])) == 1.0
 
 
 def test_ordered_inputs_are_monotone_along_every_axis():

@@ -38,6 +38,7 @@ to the tensor dtype; the generator is ``numpy.random.default_rng([seed, trial])`
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -52,7 +53,8 @@ from .backend.preflight import preflight
 from .backend.tvmscript import lower_module, tvm_dtype
 from .leir import ast as A
 from .leir.analysis import analyze, equation_instances, interval, tensor_refs, LeirSemanticError
-from .leir.fileformat import LeirModule, Signature
+from .leir.fileformat import LeirModule, Signature, parse_leir
+from .leir.parser import LeirSyntaxError
 from .leir.printer import format_program
 
 # ---------------------------------------------------------------------------
@@ -111,13 +113,16 @@ def _to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def compare(ref, out, dtype, rtol: float | None = None, atol: float | None = None) -> tuple[bool, float, float]:
+def compare(ref, out, dtype, rtol: float | None = None, atol: float | None = None,
+            slack: float = 0.0) -> tuple[bool, float, float]:
     """Compare one output with its reference.
 
     * ``ref``, ``out``: arrays (numpy, or anything ``np.asarray`` takes; torch tensors are
       detached) of the same shape; compared in float64.
     * ``dtype``: the output's dtype (LEIR code ``f32``, TVM/numpy name or dtype); selects
       ``(rtol, atol)`` from :data:`TOLERANCES` unless given.
+    * ``slack``: an absolute allowance added to every element's bound (see
+      :func:`rounding_slack`: the original program's own rounding error).
 
     Returns ``(ok, max_abs_err, max_rel_err)``: ``max_abs_err = max|out-ref|`` over elements
     where both are finite; ``max_rel_err = max |out-ref| / (|ref| + 1e-8)`` (the paper code's
@@ -145,7 +150,7 @@ def compare(ref, out, dtype, rtol: float | None = None, atol: float | None = Non
         d = np.abs(r - o)
         return bool(eq.all()), float(d.max()), float((d / (np.abs(r) + 1e-8)).max())
     with np.errstate(invalid="ignore", over="ignore"):
-        return _compare_float(r, o, r_tol, a_tol)
+        return _compare_float(r, o, r_tol, a_tol, slack)
 
 
 def _rms(x: np.ndarray) -> float:
@@ -158,7 +163,8 @@ def _rms(x: np.ndarray) -> float:
     return m * float(np.sqrt(np.mean(np.square(x / m))))
 
 
-def _compare_float(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float) -> tuple[bool, float, float]:
+def _compare_float(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float,
+                   slack: float = 0.0) -> tuple[bool, float, float]:
     both_nan = np.isnan(r) & np.isnan(o)
     finite = np.isfinite(r) & np.isfinite(o)
     same = both_nan | (r == o)
@@ -166,14 +172,14 @@ def _compare_float(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float) -> 
     fin_ref = r[np.isfinite(r)]
     scale = max(1.0, _rms(fin_ref))
     d = np.where(finite, np.abs(r - o), 0.0)
-    allowed = a_tol * scale + r_tol * np.abs(np.where(finite, r, 0.0))
+    allowed = a_tol * scale + r_tol * np.abs(np.where(finite, r, 0.0)) + slack
     ok = bool(np.all(same | (finite & (d <= allowed))))
     if special_bad.any():
         return False, math.inf, math.inf
     return ok, float(d.max()), float((d / (np.abs(np.where(finite, r, 0.0)) + 1e-8)).max())
 
 
-def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, code: str) -> str:
+def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, code: str, slack: float = 0.0) -> str:
     r = _to_numpy(ref).astype(np.float64)
     o = _to_numpy(out).astype(np.float64)
     if r.shape != o.shape:
@@ -189,7 +195,7 @@ def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, co
         finite = np.isfinite(r) & np.isfinite(o)
         d = np.where(finite, np.abs(r - o), 0.0)
         scale = max(1.0, _rms(r[np.isfinite(r)]))
-        allowed = at * scale + rt * np.abs(np.where(finite, r, 0.0))
+        allowed = at * scale + rt * np.abs(np.where(finite, r, 0.0)) + slack
         excess = np.where(finite, d - allowed, -np.inf)
     failing = excess > 0
     n = int(failing.sum())
@@ -198,7 +204,8 @@ def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, co
     idx = tuple(int(i) for i in np.unravel_index(flat, d.shape)) if d.ndim else ()
     return (f"output {name} differs in trial {trial}: {n} element(s) outside the tolerance, worst at {idx} "
             f"(ref {r[idx]:.9g}, got {o[idx]:.9g}, abs error {float(d[idx]):.3g} > allowed {float(allowed[idx]):.3g}); "
-            f"tolerance {code} rtol={rt:g} atol={at:g}*max(1,rms)")
+            f"tolerance {code} rtol={rt:g} atol={at:g}*max(1,rms)"
+            + (f" + the original's own rounding error allowance {slack:.3g}" if slack else ""))
 
 
 def poisoned_elements(outputs: Mapping[str, np.ndarray], signature: Signature) -> str:
@@ -525,7 +532,7 @@ def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
     return low.text, cuda_text, cuda_src
 
 
-_REF_CACHE: "OrderedDict[tuple, tuple[list[dict], list[dict]]]" = OrderedDict()
+_REF_CACHE: "OrderedDict[tuple, tuple[list[dict], list[dict], list[dict] | None]]" = OrderedDict()
 _REF_CACHE_SIZE = 4  # originals; the dataset verifies many candidates of one original in a row
 
 
@@ -533,17 +540,19 @@ def _stage_word(e: BackendError) -> str:
     return {"lower": "lowering", "preflight": "GPU preflight", "build": "build", "exec": "exec"}.get(e.stage, e.stage)
 
 
-def _compare_all(res: VerifyResult, refs: list[Mapping], outs: list[Mapping], sig: Signature) -> None:
+def _compare_all(res: VerifyResult, refs: list[Mapping], outs: list[Mapping], sig: Signature,
+                 slacks: list[Mapping] | None = None) -> None:
     max_abs, max_rel = 0.0, 0.0
     first_bad = ""
     for trial, (ref, out) in enumerate(zip(refs, outs)):
         for t in sig.outputs:
             if t.name not in ref:
                 raise ValueError(f"reference outputs lack tensor {t.name} (got {sorted(ref)})")
-            ok, a, r = compare(ref[t.name], out[t.name], t.dtype)
+            slack = slacks[trial].get(t.name, 0.0) if slacks else 0.0
+            ok, a, r = compare(ref[t.name], out[t.name], t.dtype, slack=slack)
             max_abs, max_rel = max(max_abs, a), max(max_rel, r)
             if not ok and not first_bad:
-                first_bad = _mismatch_detail(t.name, trial, ref[t.name], out[t.name], t.dtype)
+                first_bad = _mismatch_detail(t.name, trial, ref[t.name], out[t.name], t.dtype, slack)
         res.trials = trial + 1
     res.max_abs_err, res.max_rel_err = max_abs, max_rel
     res.equal = not first_bad
@@ -581,7 +590,7 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
                 gpu_check: bool = True, nvcc: bool = False, require_diff: bool = True,
                 input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
                 limits: GpuLimits = DEFAULT_GPU, artifacts: dict | None = None,
-                device: str | None = None, ordered: bool = True) -> VerifyResult:
+                device: str | None = None, ordered: bool = True, rounding: bool = True) -> VerifyResult:
     """Verify that ``transformed`` computes what ``original`` computes (one strategy step).
 
     * Diff: canonical program texts differ; with ``require_diff`` (default) an unchanged
@@ -595,6 +604,9 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
       and no ``input_fn``, the two :func:`ordered_inputs` trials (increasing, decreasing
       along every axis: every reduction element matters); the original's outputs are the
       reference (cached per original text, seed and trials when ``input_fn`` is None).
+      With ``rounding`` (default) each floating point output below f64 may also differ by
+      the original's own rounding error on it (:func:`rounding_slack`: the original run in
+      f64 on the same inputs).
     * ``isolated`` / ``runner``: run build+execution in a worker process with time limit
       ``timeout_s`` seconds (ignored in process). A crash or time-out is an Exec failure.
 
@@ -638,11 +650,11 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     sig = original.signature
 
     # reference (original) outputs
-    key = (original.text(), int(seed), int(trials), bool(ordered)) if input_fn is None else None
+    key = (original.text(), int(seed), int(trials), bool(ordered), bool(rounding)) if input_fn is None else None
     cached = _REF_CACHE.get(key) if key is not None else None
     if cached is not None:
         _REF_CACHE.move_to_end(key)
-        inputs, refs = cached
+        inputs, refs, slacks = cached
     else:
         if input_fn is None:
             inputs = [random_inputs(sig, seed, k, [original.program]) for k in range(trials)]
@@ -661,18 +673,66 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
             if bad:
                 res.reason = f"original program failed (exec): trial {k}: {bad}"
                 return res
+        slacks = _rounding_slacks(original, inputs, refs, run, timeout_s) if rounding else None
         if key is not None:
-            _REF_CACHE[key] = (inputs, refs)
+            _REF_CACHE[key] = (inputs, refs, slacks)
             while len(_REF_CACHE) > _REF_CACHE_SIZE:
                 _REF_CACHE.popitem(last=False)
 
     return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits, artifacts,
-                            res.device)
+                            res.device, slacks)
+
+
+def promoted(module: LeirModule) -> LeirModule | None:
+    """``module`` with every f16/bf16/f32 tensor (header and program) in f64, or None when
+    it has none: the same program in higher precision, for :func:`rounding_slack`."""
+    text = module.text()
+    new = re.sub(r"\^\{(?:f16|bf16|f32),", "^{f64,", text)
+    new = re.sub(r"^(%\s*(?:input|param|constant|output)\s+\w+\s*:\s*)(?:f16|bf16|f32)\[", r"\1f64[", new,
+                 flags=re.M)
+    return None if new == text else parse_leir(new)
+
+
+def rounding_slack(ref, ref64) -> float:
+    """The allowance a transformed output gets on top of :data:`TOLERANCES`: twice the
+    original program's own rounding error on that output, ``2 * max|ref - ref64|`` over the
+    elements finite in both, where ``ref64`` is the original computed in f64 on the same
+    inputs (:func:`promoted`). The same rule for every strategy: a step may round
+    differently from the original, as much as the original rounds, but no more. Zero for
+    well-conditioned outputs (the original's error is then far below the tolerance); it
+    matters where a computation amplifies rounding (normalisations of nearly constant rows,
+    reorderings of cancelling sums)."""
+    r = _to_numpy(ref).astype(np.float64)
+    h = _to_numpy(ref64).astype(np.float64)
+    if r.shape != h.shape or r.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.isfinite(r) & np.isfinite(h)
+        return 2.0 * float(np.abs(r - h)[ok].max()) if ok.any() else 0.0
+
+
+def _rounding_slacks(original: LeirModule, inputs: list[dict], refs: list[Mapping], run, timeout_s: float):
+    """Per trial, per floating point output below f64: :func:`rounding_slack`; None when the
+    program has nothing to promote or its f64 form fails (then no allowance)."""
+    high = promoted(original)
+    if high is None:
+        return None
+    floats = {t.name for t in original.signature.outputs if t.dtype in ("f16", "bf16", "f32")}
+    try:
+        text, _, _ = _prepare(high, False, False, DEFAULT_GPU)
+        wide = [{k: np.asarray(v, dtype=np.float64) if np.asarray(v).dtype.kind == "f" else v for k, v in x.items()}
+                for x in inputs]
+        refs64, _ = _execute(run, timeout_s, text, high.signature, wide, None)
+    except (BackendError, LeirSemanticError, LeirSyntaxError):
+        return None
+    return [{n: rounding_slack(ref[n], r64[n]) for n in floats if n in ref and n in r64}
+            for ref, r64 in zip(refs, refs64)]
 
 
 def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], refs: list[Mapping],
                      run: IsolatedRunner | None, timeout_s: float, gpu_check: bool, nvcc: bool,
-                     limits: GpuLimits, artifacts: dict | None = None, device: str = "cpu") -> VerifyResult:
+                     limits: GpuLimits, artifacts: dict | None = None, device: str = "cpu",
+                     slacks: list[Mapping] | None = None) -> VerifyResult:
     too_big = resource_problem(module)
     if too_big:
         res.reason = f"build: {too_big}"
@@ -701,7 +761,7 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
             res.reason = f"exec: trial {k}: {bad}"
             return res
     res.exec = True
-    _compare_all(res, refs, outs, module.signature)
+    _compare_all(res, refs, outs, module.signature, slacks)
     return res
 
 
@@ -749,4 +809,4 @@ def clear_reference_cache() -> None:
 
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
-           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs", "ORDERED_TRIALS"]
+           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs", "ORDERED_TRIALS", "promoted", "rounding_slack"]
