@@ -74,8 +74,8 @@ def test_shipped_rules_match_the_paper_levels():
 
 def test_inverse_pairs_and_names_mean_what_they_say():
     assert BY_ID["logsimp"].inverse == "expand_log" and BY_ID["expand_log"].inverse == "logsimp"
-    assert BY_ID["logsimp"].match == "log(?a)+log(?b)"          # simplification combines
-    assert BY_ID["expand_log"].match == "log(?a*?b)"            # expansion splits
+    assert BY_ID["logsimp"].raw["rewrite"] == "log(?a*?b)"          # simplification combines
+    assert BY_ID["expand_log"].raw["rewrite"] == "log(?a)+log(?b)"  # expansion splits
 
 
 def test_difficulty_formula():
