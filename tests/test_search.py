@@ -257,3 +257,13 @@ def test_several_programs_report_and_plot(tmp_path):
     report = (out / "report.md").read_text()
     assert "| chain-no-parent | engine/random | cpu | 2 |" in report
     assert (out / "speedup_vs_samples.png").stat().st_size > 1000
+
+
+def test_llm_strategy_names_map_to_rule_ids():
+    from steptp.search.policies import _lookup, _strategy_id, strategy_table
+
+    table = _lookup(strategy_table())
+    powsimp = next(s for s in strategy_table() if s["id"] == "powsimp")
+    assert _strategy_id(powsimp["name"].title(), table) == "powsimp"
+    assert _strategy_id("Loop Split, loop-reorder", table) == "loop_split+loop_reorder"
+    assert _strategy_id("a brand new trick", table) == "a_brand_new_trick"

@@ -123,6 +123,10 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         fail(str(e))
     except OSError as e:
         fail(f"{getattr(e, 'filename', None) or out}: {e.strerror or e}")
+    except KeyboardInterrupt:
+        fail("interrupted; rerun the same command to resume", 1)
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback
+        fail(f"search failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}", 1)
     for m in errors:
         typer.echo(f"skipped: {m}", err=True)
     for sm in sms:

@@ -21,6 +21,10 @@ from ..leir import LeirModule
 from .core import Evaluation, canonical
 
 
+class RootFailed(RuntimeError):
+    """The root program cannot be timed (the search has no reference runtime)."""
+
+
 class TargetUnavailable(RuntimeError):
     """The requested device (e.g. ``cuda``) is not present on this machine."""
 
@@ -72,7 +76,10 @@ class Measure:
         why = cuda_problem() if self.target == "cuda" else ""
         if why:
             raise TargetUnavailable(f"--target cuda: {why}")
-        self.root_time_us = self._time(self.root)
+        try:
+            self.root_time_us = self._time(self.root)
+        except Exception as e:  # noqa: BLE001 - LoweringError/BuildError/ExecError of the timing build
+            raise RootFailed(f"the root program cannot be timed: {' '.join(str(e).split())[:300]}") from None
 
     def _time(self, module: LeirModule) -> float:
         key = canonical(module)

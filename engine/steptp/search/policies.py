@@ -312,7 +312,7 @@ def _wrap_json(text: str) -> str | None:
     return "<answer>" + s[i:j + 1] + "</answer>"
 
 
-def parse_proposals(text: str, signature, k: int) -> tuple[list[Proposal], str]:
+def parse_proposals(text: str, signature, k: int, lookup: dict | None = None) -> tuple[list[Proposal], str]:
     """At most ``k`` proposals read from a model answer (``<answer>`` JSON, fenced JSON or
     bare JSON; keys ``transformed_IR`` and ``applied_strategies``/``applied_strategy``).
     Returns ``(proposals, reason)``; never raises."""
@@ -332,7 +332,7 @@ def parse_proposals(text: str, signature, k: int) -> tuple[list[Proposal], str]:
     reasons = [why] if why else []
     for c in cands:
         if c.ok:
-            out.append(Proposal(c.module, _strategy_id(c.strategy), None, {}))
+            out.append(Proposal(c.module, _strategy_id(c.strategy, lookup), None, {}))
         elif c.reason:
             reasons.append(c.reason)
         if len(out) >= k:
@@ -340,12 +340,25 @@ def parse_proposals(text: str, signature, k: int) -> tuple[list[Proposal], str]:
     return out, "; ".join(reasons)[:500]
 
 
-def _strategy_id(name: str) -> str:
-    """Rule-id spelling of a claimed strategy (``"Loop Split"`` -> ``loop_split``); several
-    are joined with ``+``."""
+def _strategy_id(name: str, lookup: dict | None = None) -> str:
+    """Rule id of a claimed strategy (``"Loop Split"`` -> ``loop_split``, ``"power
+    simplification"`` -> ``powsimp`` through ``lookup``: normalised rule names and ids ->
+    id); an unknown name is kept in id spelling; several are joined with ``+``."""
     parts = [p.strip().lower().replace("-", " ") for p in (name or "").replace(";", ",").split(",")]
-    ids = ["_".join(p.split()) for p in parts if p.strip()]
+    ids = []
+    for p in parts:
+        key = "_".join(p.split())
+        if key:
+            ids.append((lookup or {}).get(key, key))
     return "+".join(ids) or "llm"
+
+
+def _lookup(strategies: list[dict]) -> dict:
+    out = {}
+    for s in strategies:
+        out["_".join(s["name"].lower().replace("-", " ").split())] = s["id"]
+        out[s["id"].lower()] = s["id"]
+    return out
 
 
 class LLMPolicy:
@@ -365,6 +378,7 @@ class LLMPolicy:
         self.max_tokens = max_tokens
         self.target = target
         self.strategies = strategy_table(rules)
+        self._lookup = _lookup(self.strategies)
         self.seed = seed
         self.log: list[dict] = []
 
@@ -382,7 +396,7 @@ class LLMPolicy:
             self.log.append(rec)
             return []
         text = comps[0].text if comps else ""
-        props, why = parse_proposals(text, node.module.signature, k)
+        props, why = parse_proposals(text, node.module.signature, k, self._lookup)
         rec.update({"answer_chars": len(text or ""), "proposals": len(props), "reason": why,
                     "prompt_tokens": getattr(comps[0], "prompt_tokens", None) if comps else None,
                     "completion_tokens": getattr(comps[0], "completion_tokens", None) if comps else None})

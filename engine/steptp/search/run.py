@@ -246,7 +246,7 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     ``timer``: optional ``fn(module) -> µs`` replacing the default timing."""
     from tqdm import tqdm
 
-    from .evaluate import Measure
+    from .evaluate import Measure, RootFailed
 
     if cfg.algorithm not in ALGORITHMS:
         raise SearchInputError(f"unknown algorithm {cfg.algorithm!r}; one of {', '.join(ALGORITHMS)}")
@@ -261,8 +261,11 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     name = name or root.signature.name
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    measure = Measure(root, target=cfg.target, trials=cfg.trials, seed=cfg.seed, timeout_s=cfg.timeout_s,
-                      timer=timer)
+    try:
+        measure = Measure(root, target=cfg.target, trials=cfg.trials, seed=cfg.seed, timeout_s=cfg.timeout_s,
+                          timer=timer)
+    except RootFailed as e:
+        raise SearchInputError(f"{source}: {e}") from None
     policy = make_policy(cfg, root, client, rules)
     bar = tqdm(desc=f"{name} {cfg.algorithm}", unit="sample", disable=not cfg.progress, leave=False)
     s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar)
@@ -354,6 +357,10 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
             if on_error is None or len(paths) == 1:
                 raise
             on_error(path, str(e))
+        except Exception as e:  # noqa: BLE001 - one program's unexpected failure must not stop the others
+            if on_error is None or len(paths) == 1:
+                raise
+            on_error(path, f"{path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
     write_report(out)
     return summaries
 
