@@ -19,11 +19,14 @@ def param_text(v) -> str:
 
 
 def fail(msg: str, code: int = 2) -> None:
+    """Print ``error: msg`` on stderr and exit with ``code`` (2 bad input, 1 a failed check)."""
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
 
 
 def load(path: Path):
+    """The parsed ``.leir`` file at ``path``; exits 2 with ``FILE:LINE:COLUMN: message`` for a
+    syntax error and with one line for a missing or unreadable file."""
     from ..leir import LeirSyntaxError, load_leir
 
     if not path.exists():
@@ -64,6 +67,7 @@ def locate(path: Path, message: str) -> str:
 
 
 def print_verification(res) -> None:
+    """Print a verification result: one pass/FAIL line per stage, the errors and the reason."""
     for name in ("diff", "build", "exec", "equal"):
         if hasattr(res, name):
             val = getattr(res, name)
