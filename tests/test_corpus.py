@@ -255,6 +255,8 @@ _SHAPE_TYPES = {
     "GroupedReduce": "loop_fusion",                         # reduction over a reshaped view: o*f+i
     "LogProduct": "expand_log",                             # log of a product of positive factors
     "LogSum": "logsimp",                                    # sum of logs of positive factors
+    "SharedFactorSum": "collect",                           # g(x)*y + g(x)*z + y (one nest per operator)
+    "ExpProduct": "powsimp",                                # exp(x)*exp(y), exp(x)/exp(y)
 }
 
 
@@ -264,7 +266,8 @@ def test_strategy_shape_types_exist_with_composites():
         assert any(t.recipe[:1] == (name,) and t.category == "composite" for t in PROGRAM_TYPES.values()), name
 
 
-@pytest.mark.parametrize("name", ["TwinActivation", "SiameseConv1d", "GroupedReduce", "LogProduct", "LogSum"])
+@pytest.mark.parametrize("name", ["TwinActivation", "SiameseConv1d", "GroupedReduce", "LogProduct", "LogSum",
+                                  "SharedFactorSum", "ExpProduct"])
 def test_strategy_shape_types_match_their_rule_after_translation(name, tmp_path):
     from steptp.engine import list_candidates
     from steptp.frontend.translate import translate_file

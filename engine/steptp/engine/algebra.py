@@ -639,6 +639,52 @@ def algebraic_target(eq: A.Assign, epath: tuple[int, ...] | None = None) -> tupl
 
 
 # ---------------------------------------------------------------------------
+# Looking through producer nests
+# ---------------------------------------------------------------------------
+
+#: at most this many levels of producer definitions are substituted into a target
+LOOK_THROUGH_DEPTH = 3
+
+
+def inline_definitions(prog: A.Program, k: int, expr: A.Expr, signature=frozenset(), keep=None) -> A.Expr:
+    """``expr`` (read in top-level nest ``k``) with every tensor read in value position
+    replaced by its element-wise definition
+    (:func:`steptp.engine.values.element_definition`: the single equation of an earlier
+    single-equation nest with the same loops, same subscript, no accumulation, nothing in
+    between overwriting what it reads); one level. Reads of tensors in ``signature`` stay, and
+    so does a read whose definition ``d`` fails ``keep(d)`` (when given)."""
+    from .values import element_definition
+
+    def rec(e: A.Expr) -> A.Expr:
+        if isinstance(e, A.Tensor):
+            d = element_definition(prog, e, k, signature)
+            return d if keep is None or d is e or keep(d) else e
+        kids = A.children(e)
+        if not kids:
+            return e
+        new = tuple(rec(c) for c in kids)
+        return e if new == kids else A.rebuild(e, new)
+
+    return rec(expr)
+
+
+def through_targets(prog: A.Program, k: int, expr: A.Expr, signature=frozenset(),
+                    depth: int = LOOK_THROUGH_DEPTH, keep=None) -> list[A.Expr]:
+    """``[expr, one level inlined, two levels, ...]`` (:func:`inline_definitions`), up to
+    ``depth`` levels, stopping when nothing more is substituted or the term would exceed
+    :data:`MAX_NODES`. The translator emits one nest per PyTorch operator, so
+    ``exp(x)*y + exp(x)*z`` is ``F=exp(A); G=F*C; H=exp(A); I=H*D; E=G+I``: two levels
+    give ``exp(A)*C+exp(A)*D`` at ``E``. ``keep``: see :func:`inline_definitions`."""
+    out = [expr]
+    for _ in range(depth):
+        nxt = inline_definitions(prog, k, out[-1], signature, keep)
+        if nxt == out[-1] or count_nodes(nxt) > MAX_NODES:
+            break
+        out.append(nxt)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # Symbolic check
 # ---------------------------------------------------------------------------
 
@@ -710,6 +756,14 @@ def symbolic_check_programs(before: A.Program, after: A.Program) -> str:
             return "unknown"
         changed += 1
         r = symbolic_check(ex.value, ey.value)
+        if r == "disproved" and len(x.path) == 2:
+            # a rewrite that looked through producer nests (math normal forms with
+            # look_through, logsimp/expand_log): compare the equations with the producers'
+            # element-wise definitions substituted on both sides (equal at every iteration)
+            bx = through_targets(before, x.path[0], ex.value)[-1]
+            ay = through_targets(after, y.path[0], ey.value)[-1]
+            if (bx, ay) != (ex.value, ey.value):
+                r = symbolic_check(bx, ay)
         if r == "disproved":
             return "disproved"
         if r == "unknown":
@@ -719,4 +773,4 @@ def symbolic_check_programs(before: A.Program, after: A.Program) -> str:
 
 __all__ = ["TIME_LIMIT_S", "MAX_NODES", "FLOAT_DTYPES", "AlgebraError", "AlgebraTimeout", "time_limit",
            "SymbolTable", "to_sympy", "from_sympy", "count_nodes", "FUNCTIONS", "SYMPY_CALLS", "atoms", "exp_factors",
-           "normal_form", "describe", "algebraic_target", "accumulation", "replace_target", "symbolic_check", "symbolic_check_programs"]
+           "normal_form", "describe", "LOOK_THROUGH_DEPTH", "inline_definitions", "through_targets", "algebraic_target", "accumulation", "replace_target", "symbolic_check", "symbolic_check_programs"]

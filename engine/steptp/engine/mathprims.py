@@ -12,6 +12,15 @@ sympy is imported on first use, so importing :mod:`steptp.engine` stays fast.
   equation is floating point, and no function ``G`` listed in ``distinct_from`` gives the
   same result (for every argument ``G`` can take): where two strategies would produce the
   same program, the one listed owns it, so one transformation never carries two labels.
+* ``look_through: true`` (filter and primitive; ``look_through: F`` on ``atoms_of``) - when
+  ``F`` does not change the equation's own target, the target seen through producer nests:
+  reads of intermediates replaced by their element-wise definitions (the conditions of the
+  value function ``definition``: single writer, an earlier single-equation nest with the same
+  loops, same subscript, no accumulation, nothing in between overwriting its inputs), level by
+  level up to :data:`steptp.engine.algebra.LOOK_THROUGH_DEPTH`, the fewest levels that ``F``
+  changes; only small definitions that ``F`` does not change by themselves are substituted
+  (:func:`_through`). The translator emits one nest per PyTorch operator, so no single
+  equation holds ``x*y + x*z`` or ``exp(x)*exp(y)``.
 * parameter domains ``atoms_of: ?eq`` (tensor accesses and exp/log/sqrt/tanh/erf calls of
   the target: what ``collect``/``apart``/``distribute`` may act on), ``exp_factors_of: ?eq``
   (``exp(u)`` and ``exp(-u)`` for each ``exp(u)``: non-zero common factors), and
@@ -37,17 +46,73 @@ def _equation(module, env) -> A.Assign:
     return get_item(module.program, ref.path)
 
 
-def _target_of(module, env, value=None) -> A.Expr:
+def _target_of(module, env, value=None, look_through=None, arg=None) -> A.Expr:
     """The algebraic target for the bindings: ``value`` if it is a term, the target of the
-    equation ``value``/``?eq`` otherwise (expr sites: the site subterm)."""
+    equation ``value``/``?eq`` otherwise (expr sites: the site subterm). With
+    ``look_through`` (a normal-form name) an equation's target may be seen through producer
+    nests (:func:`_through`, for the argument ``arg``)."""
     from . import algebra as G
 
     if value is not None and not isinstance(value, EqRef):
         return value
     if value is None and "site" in env and not isinstance(env["site"], EqRef):
         return env["site"]
+    ref = value if isinstance(value, EqRef) else env.get("eq")
     eq = get_item(module.program, value.path) if isinstance(value, EqRef) else _equation(module, env)
-    return G.algebraic_target(eq)[1]
+    target = G.algebraic_target(eq)[1]
+    if look_through:
+        return _through(module, ref, target, look_through, arg)
+    return target
+
+
+#: a producer's definition is substituted only when it has at most this many nodes (the
+#: translator's one-operator nests; a hand-written multi-operator equation stays a read)
+MAX_INLINE_NODES = 12
+
+
+def _inlinable(function: str):
+    """Which producer definitions a normal form ``function`` looks through: small ones
+    (:data:`MAX_INLINE_NODES`) that ``function`` does not itself change (for any argument):
+    a change inside one producer is that producer's own candidate, not this equation's."""
+    from . import algebra as G
+
+    takes = G.FUNCTIONS[function][1]
+
+    def keep(d: A.Expr) -> bool:
+        if G.count_nodes(d) > MAX_INLINE_NODES:
+            return False
+        return all(G.normal_form(d, function, a) is None for a in (_arg_domain(function, d) if takes else [None]))
+
+    return keep
+
+
+def _through_targets(module, ref, target: A.Expr, function: str) -> list[A.Expr]:
+    from . import algebra as G
+
+    if not isinstance(ref, EqRef) or len(ref.path) != 2:
+        return [target]
+    sig = frozenset(t.name for t in module.signature.tensors)
+    return G.through_targets(module.program, ref.path[0], target, sig, keep=_inlinable(function))
+
+
+def _through(module, ref, target: A.Expr, function: str, arg=None) -> A.Expr:
+    """The target a normal form with ``look_through`` rewrites: the equation's own target
+    when ``function`` (with the argument ``arg``) changes it; else the first of its
+    producer-inlined forms (:func:`steptp.engine.algebra.through_targets`: reads of
+    intermediates replaced by their element-wise definitions, level by level, with the
+    safety conditions of the value function ``definition``; only definitions of at most
+    :data:`MAX_INLINE_NODES` nodes that ``function`` does not change by themselves) that it
+    changes; else the equation's own target. Only for an equation directly in a top-level nest: the
+    translator emits one nest per PyTorch operator, so ``x*y + x*z + y`` is ``G=x*y;
+    H=x*z; I=G+H; J=I+y`` and no single equation holds the sum of products."""
+    from . import algebra as G
+
+    if function not in G.FUNCTIONS:
+        raise RewriteError(f"look_through: unknown normal form {function!r}")
+    for cand in _through_targets(module, ref, target, function):
+        if G.normal_form(cand, function, arg) is not None:
+            return cand
+    return target
 
 
 def _arg(module, env, arg):
@@ -67,16 +132,17 @@ def _arg_domain(function: str, target: A.Expr) -> list:
     return G.atoms(target)
 
 
-@candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from"))
-def filter_normal_form(module, env, function, arg=None, distinct_from=()):
+@candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from", "look_through"))
+def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_through=False):
     """The normal form ``function`` changes the site (see the module docstring)."""
     from . import algebra as G
 
     eq = _equation(module, env)
     if eq.target.dtype not in G.FLOAT_DTYPES:
         return False
-    target = _target_of(module, env)
-    res = G.normal_form(target, function, _arg(module, env, arg))
+    x = _arg(module, env, arg)
+    target = _target_of(module, env, look_through=function if look_through else None, arg=x)
+    res = G.normal_form(target, function, x)
     if res is None:
         return False
     for other in distinct_from or ():
@@ -89,8 +155,8 @@ def filter_normal_form(module, env, function, arg=None, distinct_from=()):
     return True
 
 
-@primitive("normal_form", required=("function",), optional=("arg",))
-def prim_normal_form(ctx: RewriteContext, function, arg=None):
+@primitive("normal_form", required=("function",), optional=("arg", "look_through"))
+def prim_normal_form(ctx: RewriteContext, function, arg=None, look_through=False):
     """Replace the site's algebraic target (an ``expr`` site's subterm; an equation's value
     without its accumulator form) by its sympy normal form ``function``
     (:data:`steptp.engine.algebra.FUNCTIONS`), tensor accesses kept apart by subscript."""
@@ -102,8 +168,11 @@ def prim_normal_form(ctx: RewriteContext, function, arg=None):
     path = ctx.remap(s.equation)
     eq = get_item(ctx.program, path)
     epath, target = G.algebraic_target(eq, s.expr)
-    is_chain = s.expr is None and G.accumulation(eq) is not None
+    own = target
     x = _arg(ctx.module, ctx.env, arg)
+    if look_through and s.expr is None:
+        target = _through(ctx.module, EqRef(path), target, function, x)
+    is_chain = s.expr is None and G.accumulation(eq) is not None
     new = G.normal_form(target, function, x)
     if new is None:
         raise RewriteError(f"normal_form: {function} does not change '{format_expr(target)}'")
@@ -113,15 +182,27 @@ def prim_normal_form(ctx: RewriteContext, function, arg=None):
                                "arg": format_expr(x) if x is not None else "",
                                "part": "subterm" if s.expr is not None else
                                ("right-hand side" if not epath and not is_chain else "accumulated term"),
-                               "step": G.describe(target, function, x)}))
+                               "step": G.describe(target, function, x),
+                               **({"through": format_expr(own)} if target != own else {})}))
 
 
-@extra_domain("atoms_of")
+@extra_domain("atoms_of", modifiers=("look_through",))
 def domain_atoms_of(spec: dict, ctx: EvalContext) -> list:
-    """Tensor accesses and exp/log/sqrt/tanh/erf calls of the target (first-occurrence order)."""
+    """Tensor accesses and exp/log/sqrt/tanh/erf calls of the target (first-occurrence order);
+    with ``look_through: F`` also those of its producer-inlined forms (:func:`_through`),
+    appended in order of depth (the filter keeps the arguments ``F`` changes something for)."""
     from . import algebra as G
 
-    return G.atoms(_target_of(ctx.module, ctx.env, eval_value(spec["atoms_of"], ctx)))
+    value = eval_value(spec["atoms_of"], ctx)
+    if not spec.get("look_through") or not (value is None or isinstance(value, EqRef)) \
+            or (value is None and "site" in ctx.env and not isinstance(ctx.env["site"], EqRef)):
+        return G.atoms(_target_of(ctx.module, ctx.env, value))
+    ref = value if isinstance(value, EqRef) else ctx.env.get("eq")
+    eq = get_item(ctx.module.program, value.path) if isinstance(value, EqRef) else _equation(ctx.module, ctx.env)
+    out: list = []
+    for t in _through_targets(ctx.module, ref, G.algebraic_target(eq)[1], spec["look_through"]):
+        out += [a for a in G.atoms(t) if a not in out]
+    return out
 
 
 @extra_domain("exp_factors_of")

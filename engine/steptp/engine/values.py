@@ -659,26 +659,19 @@ def _tensors_read(e) -> set[str]:
     return {x.name for x in A.walk(e) if isinstance(x, A.Tensor)}
 
 
-def _definition(ctx, term, nest):
-    """``definition(t, N)``: the element-wise definition of the term ``t`` read in nest ``N``.
+def element_definition(prog: A.Program, term, k: int, signature=frozenset()):
+    """The element-wise definition of the read ``term`` in top-level nest ``k`` of ``prog``
+    (the engine of ``definition(t, N)``; also used by the math normal forms that look through
+    producer nests, :mod:`steptp.engine.mathprims`, and by the symbolic check).
 
-    When ``t`` is a read ``X_{l}`` of an intermediate (not in the signature) whose only
-    writer is the single equation of an earlier top-level nest with exactly the loops of
-    ``N`` (``N`` itself top-level), writing ``X`` at the same subscript ``l`` whose entries are
-    all of that nest's loop indices, not accumulating, and no nest from the producer up to
-    ``N`` (itself included) writes a tensor the definition reads: that equation's value,
-    which equals ``t`` at every iteration of ``N``. Otherwise ``t`` itself. (The translator
-    emits one nest per operator, so ``log(x*y)`` is ``G=E*F`` then ``H=log(G)``.)"""
-    if not isinstance(term, A.Tensor):
+    When ``term`` is a read ``X_{l}`` of a tensor not named in ``signature`` whose only writer
+    is the single equation of an earlier top-level nest with exactly the loops of nest ``k``,
+    writing ``X`` at the same subscript ``l`` whose entries are all of that nest's loop
+    indices, not accumulating, and no nest from the producer up to ``k`` (itself included)
+    writes a tensor the definition reads: that equation's value, which equals ``term`` at
+    every iteration of nest ``k``. Otherwise ``term`` itself."""
+    if not isinstance(term, A.Tensor) or term.name in signature:
         return term
-    if not isinstance(nest, NestRef):
-        raise ValueExprError(f"definition: expected a nest, got {nest!r}")
-    if len(nest.path) != 1:
-        return term
-    prog = ctx.module.program
-    if any(t.name == term.name for t in ctx.module.signature.tensors):
-        return term
-    k = nest.path[0]
     site = prog.nests[k]
     writers = [(i, n, eq) for i, n in enumerate(prog.nests) for _, eq in n.equations()
                if eq.target.name == term.name]
@@ -699,6 +692,27 @@ def _definition(ctx, term, nest):
         if any(e.target.name in reads for _, e in n.equations()):
             return term
     return eq.value
+
+
+def _definition(ctx, term, nest):
+    """``definition(t, N)``: the element-wise definition of the term ``t`` read in nest ``N``.
+
+    When ``t`` is a read ``X_{l}`` of an intermediate (not in the signature) whose only
+    writer is the single equation of an earlier top-level nest with exactly the loops of
+    ``N`` (``N`` itself top-level), writing ``X`` at the same subscript ``l`` whose entries are
+    all of that nest's loop indices, not accumulating, and no nest from the producer up to
+    ``N`` (itself included) writes a tensor the definition reads: that equation's value,
+    which equals ``t`` at every iteration of ``N``. Otherwise ``t`` itself. (The translator
+    emits one nest per operator, so ``log(x*y)`` is ``G=E*F`` then ``H=log(G)``.)
+    See :func:`element_definition`."""
+    if not isinstance(term, A.Tensor):
+        return term
+    if not isinstance(nest, NestRef):
+        raise ValueExprError(f"definition: expected a nest, got {nest!r}")
+    if len(nest.path) != 1:
+        return term
+    return element_definition(ctx.module.program, term, nest.path[0],
+                              frozenset(t.name for t in ctx.module.signature.tensors))
 
 
 def _head_of(ctx, term) -> str:
@@ -821,5 +835,5 @@ def _register(functions: dict[str, tuple[int, Any]]) -> None:
 _register(LANGUAGE_FUNCTIONS)
 
 
-__all__ = ["LANGUAGE_FUNCTIONS", "free_indices", "loops_without", "set_extent", "loops_used_by", "loops_unused_by",
+__all__ = ["LANGUAGE_FUNCTIONS", "element_definition", "free_indices", "loops_without", "set_extent", "loops_used_by", "loops_unused_by",
            "subst_index", "shifted"]

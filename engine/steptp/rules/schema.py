@@ -58,6 +58,7 @@ _DOMAIN = {
         "atoms_of": {"type": "string"},
         "exp_factors_of": {"type": "string"},
         "reusable_terms": {"type": "string"},
+        "look_through": {"type": "string"},
         "identity": {"type": ["integer", "number"]},
         "avoid": {"type": "array", "items": {"type": "string"}},
     },

@@ -38,7 +38,8 @@ _SINGLE_SKIP = {"BatchNorm", "InstanceNorm", "MaxPool", "AvgPool", "Gemm", "Matm
                 "Attention", "CausalAttention", "MultiHeadAttention", "MultiHeadAttentionSDPA",
                 "CausalMultiHeadAttention", "GroupedQueryAttention", "GroupedQueryAttentionCausal",
                 "MultiQueryAttention", "MultiQueryAttentionCausal", "CrossAttention", "TransformerBlock",
-                "TwinActivation", "SiameseConv1d", "SiameseConv2d", "GroupedReduce", "LogProduct", "LogSum"}
+                "TwinActivation", "SiameseConv1d", "SiameseConv2d", "GroupedReduce", "LogProduct", "LogSum",
+                "SharedFactorSum", "ExpProduct"}
 for _n, _c in COMPONENTS.items():
     if _n not in _SINGLE_SKIP:
         _type(_n, "single", _c.family, (_n,))
@@ -61,9 +62,11 @@ _BLOCKS = {
     "MultiQueryAttentionCausal": ("MultiQueryAttentionCausal",), "CrossAttention": ("CrossAttention",),
     "TransformerBlock": ("TransformerBlock",),
     # shapes for graph / loop / math strategies: the same operator on two inputs, a shared-weight
-    # convolution on two inputs, a reduction over a reshaped view, logs of products and sums of logs
+    # convolution on two inputs, a reduction over a reshaped view, logs of products and sums of logs,
+    # a factor shared by two products plus a residual, products of exponentials
     "TwinActivation": ("TwinActivation",), "SiameseConv1d": ("SiameseConv1d",), "SiameseConv2d": ("SiameseConv2d",),
     "GroupedReduce": ("GroupedReduce",), "LogProduct": ("LogProduct",), "LogSum": ("LogSum",),
+    "SharedFactorSum": ("SharedFactorSum",), "ExpProduct": ("ExpProduct",),
 }
 for _n, _r in _BLOCKS.items():
     _type(_n, "block", COMPONENTS[_r[0]].family if len(_r) == 1 else "block", _r)
@@ -109,6 +112,7 @@ TwinActivation Scale | TwinActivation Sum | TwinActivation LayerNorm | TwinActiv
 SiameseConv1d ReLU | SiameseConv2d ReLU | SiameseConv2d BatchNorm | SiameseConv2d GELU GlobalAvgPool
 GroupedReduce Scale | GroupedReduce Tanh | LogProduct Mean | LogProduct Scale | LogProduct Sum
 LogSum Mean | LogSum Sum | LogSum ReLU
+SharedFactorSum Mean | SharedFactorSum ReLU | SharedFactorSum Sum | ExpProduct Sum | ExpProduct Scale | ExpProduct Mean
 """
 for _chain in (c.split() for c in _COMPOSITES.replace("\n", "|").split("|") if c.strip()):
     _type("_".join(_chain), "composite", "composite", _chain)

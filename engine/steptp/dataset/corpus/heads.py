@@ -333,9 +333,39 @@ def _log_product(b: _Builder, x: None, *, form: str) -> _Var:
     return b.assign(f"torch.log({f}) + torch.log({g})", shape)
 
 
+#: a shared factor of two products (a gate or scale applied to two branches)
+_SHARED_FACTORS = {"plain": "{x}", "exp": "torch.exp({x})", "tanh": "torch.tanh({x})"}
+
+
+def _shared_factor_sum(b: _Builder, x: None) -> _Var:
+    """``g(x) * y + g(x) * z + y``: one factor scaling two branches plus a residual (the
+    terms that share ``g(x)`` can be collected into ``g(x) * (y + z)``)."""
+    shape = _pair_shape(b)
+    xa, ya, za = b.input("x", shape), b.input("y", shape), b.input("z", shape)
+    g = _SHARED_FACTORS[b.pick("factor", sorted(_SHARED_FACTORS))].format(x=xa.name)
+    res = b.pick("residual", [ya.name, za.name])
+    b.cost(8 * _numel(shape))
+    return b.assign(f"{g} * {ya.name} + {g} * {za.name} + {res}", shape)
+
+
+def _exp_product(b: _Builder, x: None) -> _Var:
+    """``exp(x) * exp(y)`` or ``exp(x) / exp(y)``, scaled by ``z`` or not: a product of two
+    exponential factors (e.g. two unnormalised likelihoods; one exp of the summed exponents)."""
+    shape = _pair_shape(b)
+    xa, ya = b.input("x", shape), b.input("y", shape)
+    op = b.pick("combine", ["*", "/"])
+    b.cost(10 * _numel(shape))
+    if b.chance("scaled", 0.5):
+        za = b.input("z", shape)
+        return b.assign(f"{za.name} * torch.exp({xa.name}) {op} torch.exp({ya.name})", shape)
+    return b.assign(f"torch.exp({xa.name}) {op} torch.exp({ya.name})", shape)
+
+
 _reg("TwinActivation", _twin_activation, kind="head", family="pair")
 _reg("SiameseConv1d", _siamese_conv, kind="head", family="conv", nd=1)
 _reg("SiameseConv2d", _siamese_conv, kind="head", family="conv", nd=2)
 _reg("GroupedReduce", _grouped_reduce, kind="head", family="reduction")
 _reg("LogProduct", _log_product, kind="head", family="math", form="product")
 _reg("LogSum", _log_product, kind="head", family="math", form="sum")
+_reg("SharedFactorSum", _shared_factor_sum, kind="head", family="math")
+_reg("ExpProduct", _exp_product, kind="head", family="math")
