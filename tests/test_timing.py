@@ -91,6 +91,17 @@ def test_measure_is_cached_by_program_text():
     assert t3 is not t1 and t3.repeats == 4 and cache_info()["runs"] == 2
 
 
+def test_measure_times_a_scalar_output():
+    """A loss reduces to a 0-d output (``D: f32[]``); its runtime tensor must stay 0-d."""
+    m = parse_leir("% program: mse\n% input A: f32[3,64]\n% input C: f32[3,64]\n% output D: f32[]\n"
+                   "B^{3}_{tx=0}L^{64}_{a=0}[E^{f32,g}_{tx,a}=(A^{f32,g}_{tx,a}-C^{f32,g}_{tx,a})*"
+                   "(A^{f32,g}_{tx,a}-C^{f32,g}_{tx,a});];\n"
+                   "B^{1}_{tx=0}L^{3}_{a=0}L^{64}_{c=0}[F^{f32,g}_{tx}=F^{f32,g}_{tx}+E^{f32,g}_{a,c};];\n"
+                   "B^{1}_{tx=0}[D^{f32,g}=F^{f32,g}_{0}/192.0;];\n")
+    assert measure(m, repeat=3, min_repeat_ms=1, warmup=1).median_us > 0
+    assert tuple(cr.to_device(np.zeros((), np.float32), "cpu", "float32").shape) == ()
+
+
 def test_measure_rejects_bad_settings():
     m = load_leir(EXAMPLES / "matmul.leir")
     with pytest.raises(ValueError):

@@ -425,7 +425,7 @@ def to_device(arr: np.ndarray, device: str, dtype: str | None = None):
     bfloat16 included: the bytes are copied with ``runtime.TVMTensorCopyFromBytes``)."""
     import tvm_ffi  # noqa: PLC0415
 
-    a = np.ascontiguousarray(arr)
+    a = np.require(arr, requirements="C")  # not ascontiguousarray: it makes a 0-d (scalar) output 1-d
     t = _global("runtime.TVMTensorAllocWithScope")(tvm_ffi.Shape([int(s) for s in a.shape]),
                                                     tvm_ffi.dtype(dtype or _dtype_name(a.dtype)), _device(device), None)
     _global("runtime.TVMTensorCopyFromBytes")(t, a.ctypes.data_as(ctypes.c_void_p), a.nbytes)
