@@ -202,3 +202,57 @@ def test_bad_filter_is_a_rule_error_naming_the_field():
     text2 = (rules_dir() / "factorization.yaml").read_text().replace("function: factor\n", "function: factor\n      bogus: 1\n", 1)
     with pytest.raises(RuleError, match=r"filter\[0\]\.normal_form: unknown argument"):
         load_rule_text(text2, "<bad>")
+
+
+# ---- looking through producer nests (the translator's one nest per operator) -------------------
+
+_THROUGH = """% program: through
+% input A: f32[4,8]
+% input W: f32[4,8]
+% input V: f32[4,8]
+% output C: f32[4,8]
+B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx,a}=exp(A^{f32,g}_{tx,a});];
+B^{4}_{tx=0}L^{8}_{a=0}[F^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}*W^{f32,g}_{tx,a};];
+B^{4}_{tx=0}L^{8}_{a=0}[G^{f32,g}_{tx,a}=exp(A^{f32,g}_{tx,a});];
+B^{4}_{tx=0}L^{8}_{a=0}[H^{f32,g}_{tx,a}=G^{f32,g}_{tx,a}*V^{f32,g}_{tx,a};];
+B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}=F^{f32,g}_{tx,a}+H^{f32,g}_{tx,a}+W^{f32,g}_{tx,a};];
+"""
+
+
+def test_through_targets_inline_definitions_level_by_level():
+    m = parse_leir(_THROUGH)
+    eq = m.program.nests[4].body[0]
+    ts = [format_expr(t) for t in G.through_targets(m.program, 4, eq.value, frozenset({"A", "W", "V", "C"}))]
+    assert ts == ["F^{f32,g}_{tx,a}+H^{f32,g}_{tx,a}+W^{f32,g}_{tx,a}",
+                  "E^{f32,g}_{tx,a}*W^{f32,g}_{tx,a}+G^{f32,g}_{tx,a}*V^{f32,g}_{tx,a}+W^{f32,g}_{tx,a}",
+                  "exp(A^{f32,g}_{tx,a})*W^{f32,g}_{tx,a}+exp(A^{f32,g}_{tx,a})*V^{f32,g}_{tx,a}+W^{f32,g}_{tx,a}"]
+    # keep= refuses a definition: that read stays
+    t = G.inline_definitions(m.program, 4, eq.value, keep=lambda d: not isinstance(d, A.BinOp) or d.op != "*"
+                             or "H" in format_expr(d))
+    assert format_expr(t) == "F^{f32,g}_{tx,a}+H^{f32,g}_{tx,a}+W^{f32,g}_{tx,a}"
+
+
+def test_collect_looks_through_producers_and_the_symbolic_check_follows():
+    m = parse_leir(_THROUGH)
+    rule = load_rule(rules_dir() / "collect.yaml")
+    cands = list_candidates(rule, m)
+    xs = sorted(format_expr(p["x"]) for _, p in cands)
+    assert "exp(A^{f32,g}_{tx,a})" in xs
+    site, params = next(c for c in cands if format_expr(c[1]["x"]) == "exp(A^{f32,g}_{tx,a})")
+    step = apply_rule(rule, m, site=site, params=params)
+    last = format_program(step.after.program).split(";];")[-2]
+    assert last.endswith("C^{f32,g}_{tx,a}=W^{f32,g}_{tx,a}+(V^{f32,g}_{tx,a}+W^{f32,g}_{tx,a})*exp(A^{f32,g}_{tx,a})")
+    # the changed equation alone (F+H+W vs the collected form) differs; with definitions it is proved
+    assert G.symbolic_check(m.program.nests[4].body[0].value, step.after.program.nests[4].body[0].value) == "disproved"
+    assert G.symbolic_check_programs(m.program, step.after.program) == "proved"
+
+
+def test_look_through_is_not_used_when_an_input_is_overwritten():
+    text = _THROUGH.replace("B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}",
+                            "B^{4}_{tx=0}L^{8}_{a=0}[E^{f32,g}_{tx,a}=A^{f32,g}_{tx,a};];\nB^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}")
+    m = parse_leir(text)
+    eq = m.program.nests[5].body[0]
+    ts = G.through_targets(m.program, 5, eq.value, frozenset({"A", "W", "V", "C"}))
+    assert len(ts) > 1 and all("F^{f32,g}_{tx,a}" in format_expr(t) for t in ts)  # F reads E, overwritten later
+    assert G.inline_definitions(m.program, 5, A.Tensor("F", "f32", "g", (A.Index("tx"), A.Index("a")))) \
+        == A.Tensor("F", "f32", "g", (A.Index("tx"), A.Index("a")))

@@ -187,3 +187,83 @@ def test_isolated_workers_and_parallel_processes(tmp_path):
     entries = rows(out / "dictionary.jsonl")
     assert {e["program"] for e in entries} == {"scale_bias", "gelu"}
     assert all(e["verification"]["equal"] for e in entries)
+
+
+# ---- rounds: derived originals (--rounds) ---------------------------------------------------
+
+_ROUND_RULES = ["operator_fusion", "operator_fission", "set_storage_scope"]
+
+
+def _rounds_run(out, rounds, *extra):
+    args = ["dataset", EXAMPLES / "scale_bias.leir", EXAMPLES / "two_branch.leir", "-o", out, "--seed", "0",
+            "--in-process", "-q", "--no-nvcc", "--no-cuda"]
+    for r in _ROUND_RULES:
+        args += ["--rule", ROOT / "rules" / f"{r}.yaml"]
+    res = stp(*args, *extra, *(("--rounds", rounds) if rounds else ()))
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def rounds_run(tmp_path_factory):
+    return _rounds_run(tmp_path_factory.mktemp("rounds") / "out", 2)
+
+
+def test_second_round_starts_from_verified_steps_of_the_first(rounds_run):
+    entries = rows(rounds_run / "dictionary.jsonl")
+    by_id = {e["id"]: e for e in entries}
+    first = [e for e in entries if "derived_from" not in e]
+    derived = [e for e in entries if "derived_from" in e]
+    assert first and derived
+    assert {e["strategy"]["id"] for e in first} == {"operator_fusion"}  # nothing else matches a translation
+    # operator_fission and set_storage_scope need a fused nest: they occur only in round 2
+    assert {"operator_fission", "set_storage_scope"} <= {e["strategy"]["id"] for e in derived}
+    for e in derived:
+        d = e["derived_from"]
+        parent = by_id[d["id"]]
+        assert d["round"] == 2 and d["chain"] == [parent["strategy"]["id"]]
+        assert e["original"]["leir"] == parent["transformed"]["leir"]
+        assert e["original_verification"]["against"] == "derived" and e["original_verification"]["equal"]
+        assert e["verification"]["equal"] and e["source"] == parent["source"]
+    # all rounds of a program are committed by its one state line
+    states = rows(rounds_run / "state.jsonl")
+    assert len(states) == 2 and sorted(i for s in states for i in s["ids"]) == sorted(by_id)
+
+
+def test_one_round_is_the_default_and_writes_no_derived_entries(rounds_run, tmp_path):
+    one = _rounds_run(tmp_path / "one", 1)
+    plain = _rounds_run(tmp_path / "plain", None)
+    for name in ("dictionary.jsonl", "attempts.jsonl", "run.json", "chat_single.jsonl", "chat_multi.jsonl"):
+        assert (one / name).read_bytes() == (plain / name).read_bytes(), name
+    assert "rounds" not in json.loads((plain / "run.json").read_text())
+    first = [e for e in rows(rounds_run / "dictionary.jsonl") if "derived_from" not in e]
+    assert rows(plain / "dictionary.jsonl") == first
+    # another round count is another run: refused on resume
+    res = stp("dataset", EXAMPLES / "scale_bias.leir", "-o", one, "--seed", "0", "--in-process", "-q", "--no-nvcc",
+              "--no-cuda", *[x for r in _ROUND_RULES for x in ("--rule", ROOT / "rules" / f"{r}.yaml")],
+              "--rounds", "2")
+    assert res.exit_code == 2 and "rounds" in res.output
+
+
+def test_rounds_resume_and_are_deterministic(rounds_run, tmp_path):
+    out = tmp_path / "resume"
+    shutil.copytree(rounds_run, out)
+    state = (out / "state.jsonl").read_text().splitlines()
+    (out / "state.jsonl").write_text("\n".join(state[:-1]) + "\n")  # the last program's rounds are not committed
+    _rounds_run(out, 2)
+    assert (out / "dictionary.jsonl").read_bytes() == (rounds_run / "dictionary.jsonl").read_bytes()
+    assert sorted((out / "attempts.jsonl").read_text().splitlines()) == \
+        sorted((rounds_run / "attempts.jsonl").read_text().splitlines())
+
+
+def test_filters_group_derived_originals_as_programs_of_their_own(rounds_run):
+    from steptp.dataset.difficulty import FilterPolicy
+    from steptp.dataset.pipeline import filtered_sets
+
+    entries = rows(rounds_run / "dictionary.jsonl")
+    originals = {e["original"]["leir"] for e in entries}
+    assert len(originals) > 2  # two source programs and their derived originals
+    for profile in ("default", "paper"):
+        singles, multis = filtered_sets(entries, FilterPolicy(seed=0, profile=profile, min_multi=2))
+        for group in multis:
+            assert len({e["original"]["leir"] for e in group}) == 1

@@ -44,6 +44,11 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                              "record per program) or paper (sampled to the released dataset: 87/12/0.5 % "
                                              "difficult/medium/easy items, 2.3 multi-answer records per single-answer "
                                              "one). Part of the run's options."),
+            rounds: int = typer.Option(1, "--rounds", min=1,
+                                       help="Rounds of steps: round k+1 applies every rule again to a seeded sample "
+                                            "of each program's verified transformed programs of round k (derived "
+                                            "originals, recorded with derived_from). 1: single steps from the "
+                                            "source programs only."),
             device: str = typer.Option("cpu", "--device",
                                        help="Where transformed programs run during verification: cpu or cuda "
                                             "(the GPU form on the GPU; references stay on the CPU).")):
@@ -64,7 +69,8 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         if not Path(p).exists():
             fail(f"{p}: no such rule file")
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
-                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device)
+                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device,
+                   rounds=rounds)
     from ..dataset.difficulty import PROFILES, FilterPolicy
     from ..dataset.distributed import RayUnavailable
 

@@ -8,6 +8,17 @@ batched over the programs of a worker task, see :func:`process_batch`). Each suc
 becomes one dictionary entry; each failed attempt is reported, never written as data.
 Everything random derives from ``(seed, program key, rule id)``, so a run is reproducible
 whatever the worker count, batch size or order.
+
+Rounds (``Options.rounds``, ``stp dataset --rounds N``): round 1 is the above. Round k+1
+takes, per source program, a seeded sample (``Options.derived_per_round``, seeded by
+``(seed, program key, round)``) of the distinct verified transformed programs of round k as
+*derived originals* and applies every rule to each of them again. Their entries are ordinary
+single-step entries (``original`` is the derived program) that also record
+``derived_from``: the entry id of the step that produced the derived original, the chain of
+strategies from the source program to it, and the round. Strategies whose input never occurs
+in translated programs (a nest with several equations after ``operator_fusion``, an online
+softmax after ``online_softmax``) get data this way. All rounds of a program belong to its one
+result (one resume record); with ``rounds == 1`` the output is exactly that of one round.
 """
 
 from __future__ import annotations
@@ -38,6 +49,8 @@ class Options:
     timeout_s: float = 60.0     # per check (isolated mode)
     rule_paths: list[str] = field(default_factory=list)
     device: str = "cpu"         # where transformed programs run in verification: cpu or cuda (--device)
+    rounds: int = 1             # rounds of steps (--rounds): round k+1 starts from verified programs of round k
+    derived_per_round: int = 4  # derived originals sampled per program and round (rounds > 1)
 
 
 @dataclass
@@ -113,7 +126,8 @@ def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
 
 
 def _entry(src: Source, module: LeirModule, original: dict, original_check: dict, rule, step, res,
-           opts: Options, nvcc_ran: bool, artifacts: dict | None = None, symbolic: str | None = None) -> dict:
+           opts: Options, nvcc_ran: bool, artifacts: dict | None = None, symbolic: str | None = None,
+           derived: dict | None = None) -> dict:
     """One dictionary entry (design.md §6) for a verified step; ``artifacts`` (from
     :func:`steptp.verify.verify_pair`) hold the GPU TIR and CUDA source already produced."""
     after_text = format_program(step.after.program)
@@ -123,6 +137,7 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
     else:
         transformed = _lowered(step.after, opts.with_cuda)
     d = rule.difficulty
+    extra = {"derived_from": derived} if derived else {}
     return {
         "id": entry_id(original["leir"], after_text, rule.id),
         "program": module.signature.name,
@@ -138,6 +153,7 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "verification": {**res.to_dict(), "nvcc": nvcc_ran, "symbolic": symbolic},
         "original_verification": original_check,
         "seed": opts.seed,
+        **extra,
     }
 
 
@@ -154,12 +170,12 @@ def _symbolic(rule, module: LeirModule, step) -> str | None:
 class _RuleRun:
     """The candidate search of one rule on one program (see :func:`process`)."""
 
-    def __init__(self, rule, module: LeirModule, src: Source, opts: Options):
+    def __init__(self, rule, module: LeirModule, src: Source, opts: Options, key: str | None = None):
         from ..engine import NoMatch, list_candidates
         from ..timelimit import time_limit
 
         self.rule, self.module, self.opts = rule, module, opts
-        self.rng = random.Random(f"{opts.seed}:{src.key}:{rule.id}")
+        self.rng = random.Random(f"{opts.seed}:{key or src.key}:{rule.id}")
         self.attempts: list[dict] = []
         self.kept: list[tuple] = []       # (step, VerifyResult, artifacts), in candidate order
         self.pending: list[tuple] = []    # passed everything but the batched nvcc
@@ -266,40 +282,113 @@ def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
 
 
 class _Program:
-    """One source inside :func:`process_batch`: its module and rule runs, or its error."""
+    """One source inside :func:`process_batch`: its module and rule runs, or its error; or
+    (``derived``) one derived original of a later round (see the module docstring)."""
 
-    def __init__(self, src: Source, opts: Options):
+    def __init__(self, src: Source, opts: Options, derived: dict | None = None, module: LeirModule | None = None,
+                 original_check: dict | None = None):
         from ..rules import load_rule
 
         self.src, self.seconds = src, 0.0
         self.module = self.original_check = None
         self.runs: list[_RuleRun] = []
         self.error: str | None = None
+        self.derived = derived
         t0 = time.perf_counter()
-        try:
-            self.module, self.original_check = load_source(src, opts)
-        except Exception as e:  # noqa: BLE001 - one bad program must not stop the run
-            self.error = f"{type(e).__name__}: {e}"
+        if derived is not None:
+            self.module, self.original_check = module, original_check
+            key = f"{src.key}:{derived['id']}"
         else:
-            self.runs = [_RuleRun(load_rule(p), self.module, src, opts) for p in opts.rule_paths]
+            key = None
+            try:
+                self.module, self.original_check = load_source(src, opts)
+            except Exception as e:  # noqa: BLE001 - one bad program must not stop the run
+                self.error = f"{type(e).__name__}: {e}"
+        if self.error is None:
+            self.runs = [_RuleRun(load_rule(p), self.module, src, opts, key) for p in opts.rule_paths]
         self.seconds += time.perf_counter() - t0
 
-    def result(self, opts: Options, nvcc_ran: bool) -> ProgramResult:
-        src = self.src
-        if self.error is not None:
-            return ProgramResult(str(src.path), src.key, None, [], [], error=self.error, seconds=self.seconds)
-        t0 = time.perf_counter()
+    def kept_steps(self) -> list[tuple[str, object, object, str]]:
+        """``(entry id, step, VerifyResult, strategy id)`` of every verified step."""
+        text = format_program(self.module.program)
+        return [(entry_id(text, format_program(step.after.program), run.rule.id), step, res, run.rule.id)
+                for run in self.runs for step, res, _ in run.kept]
+
+    def derive(self, opts: Options, chosen: list[tuple[str, object, object, str]], round_no: int) -> list["_Program"]:
+        chain = self.derived["chain"] if self.derived else []
+        out = []
+        for eid, step, res, strategy in chosen:
+            d = {"id": eid, "chain": chain + [strategy], "round": round_no}
+            check = {"against": "derived", "derived_from": eid, **res.to_dict()}
+            out.append(_Program(self.src, opts, derived=d, module=step.after, original_check=check))
+        return out
+
+    def entries_and_attempts(self, opts: Options, nvcc_ran: bool) -> tuple[list[dict], list[dict]]:
         entries: list[dict] = []
         original = None  # lowered lazily: only programs with a verified step need it
         for run in self.runs:
             for step, res, art in run.kept:
                 original = original or _lowered(self.module, opts.with_cuda)
-                entries.append(_entry(src, self.module, original, self.original_check, run.rule, step, res, opts,
-                                      nvcc_ran, art, run.symbolic.get(format_program(step.after.program))))
+                entries.append(_entry(self.src, self.module, original, self.original_check, run.rule, step, res, opts,
+                                      nvcc_ran, art, run.symbolic.get(format_program(step.after.program)),
+                                      self.derived))
         attempts = [a for run in self.runs for a in run.attempts]
+        if self.derived:
+            attempts = [{**a, "derived_from": self.derived["id"], "round": self.derived["round"]} for a in attempts]
+        return entries, attempts
+
+    def result(self, opts: Options, nvcc_ran: bool, later: list["_Program"] = ()) -> ProgramResult:
+        """The program's result; ``later``: its derived originals of later rounds, in order."""
+        src = self.src
+        if self.error is not None:
+            return ProgramResult(str(src.path), src.key, None, [], [], error=self.error, seconds=self.seconds)
+        t0 = time.perf_counter()
+        entries, attempts = self.entries_and_attempts(opts, nvcc_ran)
+        for d in later:
+            e, a = d.entries_and_attempts(opts, nvcc_ran)
+            entries += e
+            attempts += a
+            self.seconds += d.seconds
         self.seconds += time.perf_counter() - t0
         return ProgramResult(str(src.path), src.key, self.module.signature.name, entries, attempts,
                              seconds=self.seconds)
+
+
+def _choose_derived(units: list[_Program], opts: Options, key: str, round_no: int) -> list[tuple[_Program, tuple]]:
+    """The seeded sample of round ``round_no - 1``'s verified steps of one source program
+    (``units``: its originals of that round) that become round ``round_no``'s derived
+    originals: distinct transformed programs, ``opts.derived_per_round`` of them at most."""
+    pool, seen = [], set()
+    for u in units:
+        for item in u.kept_steps():
+            text = format_program(item[1].after.program)
+            if text not in seen:
+                seen.add(text)
+                pool.append((item[0], u, item))
+    pool.sort(key=lambda x: x[0])
+    rng = random.Random(f"{opts.seed}:{key}:round{round_no}")
+    n = max(0, opts.derived_per_round)
+    chosen = pool if n >= len(pool) else sorted(rng.sample(pool, n), key=lambda x: x[0])
+    return [(u, item) for _, u, item in chosen]
+
+
+def _run_units(progs: list[_Program], opts: Options, defer: bool) -> None:
+    """Verify candidates of every rule run of ``progs`` until each is done (nvcc batched)."""
+    while True:
+        any_progress = False
+        for prog in progs:
+            t0 = time.perf_counter()
+            if any([r.advance(defer) for r in prog.runs]):
+                any_progress = True
+            prog.seconds += time.perf_counter() - t0
+        if defer:
+            waiting = [p for p in progs if any(r.pending for r in p.runs)]
+            t0 = time.perf_counter()
+            _nvcc_round([r for p in waiting for r in p.runs], opts)
+            for p in waiting:
+                p.seconds += (time.perf_counter() - t0) / len(waiting)
+        if not any_progress:
+            break
 
 
 def process_batch(srcs: list[Source], opts: Options) -> list[ProgramResult]:
@@ -319,22 +408,19 @@ def process_batch(srcs: list[Source], opts: Options) -> list[ProgramResult]:
     nvcc_ran = bool(opts.nvcc and nvcc_path() is not None)
     defer = nvcc_ran and opts.with_cuda
     progs = [_Program(src, opts) for src in srcs]
-    while True:
-        any_progress = False
-        for prog in progs:
-            t0 = time.perf_counter()
-            if any([r.advance(defer) for r in prog.runs]):
-                any_progress = True
-            prog.seconds += time.perf_counter() - t0
-        if defer:
-            waiting = [p for p in progs if any(r.pending for r in p.runs)]
-            t0 = time.perf_counter()
-            _nvcc_round([r for p in waiting for r in p.runs], opts)
-            for p in waiting:
-                p.seconds += (time.perf_counter() - t0) / len(waiting)
-        if not any_progress:
-            break
-    return [p.result(opts, nvcc_ran) for p in progs]
+    _run_units(progs, opts, defer)
+    later: list[list[_Program]] = [[] for _ in progs]
+    current: list[list[_Program]] = [[p] if p.error is None else [] for p in progs]
+    for round_no in range(2, max(1, opts.rounds) + 1):
+        nxt = []
+        for i, (p, units) in enumerate(zip(progs, current)):
+            derived = [d for u, item in _choose_derived(units, opts, p.src.key, round_no)
+                       for d in u.derive(opts, [item], round_no)]
+            later[i] += derived
+            nxt.append(derived)
+        current = nxt
+        _run_units([d for units in current for d in units], opts, defer)
+    return [p.result(opts, nvcc_ran, later[i]) for i, p in enumerate(progs)]
 
 
 def process(src: Source, opts: Options) -> ProgramResult:

@@ -10,6 +10,10 @@ Output directory layout::
     OUTDIR/chat_multi.jsonl    ms-swift multi-answer set (filtered, derived; atomic rewrite)
     OUTDIR/report.json         counts per strategy/category/level, pass rates, sizes
 
+With ``--rounds N`` (:class:`~steptp.dataset.generate.Options` ``rounds``) a program's
+result holds the entries of all its rounds (derived originals included), so its state line
+commits them together: a program is done only when all its rounds are on disk.
+
 Crash safety: entries of a program are appended (flushed and fsynced) before its
 attempts and its state line, which lists the program's entry ids and so commits it. Only
 complete lines count on resume, and a program is done only when all its listed entries are
@@ -51,6 +55,8 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     d["rule_paths"] = [Path(p).name for p in opts.rule_paths]
     if d["device"] == "cpu":
         del d["device"]  # run.json of CPU runs as before --device existed (they resume)
+    if d["rounds"] == 1:
+        del d["rounds"], d["derived_per_round"]  # one round: run.json as before --rounds existed
     d["policy"] = policy.recorded()
     return d
 
