@@ -290,12 +290,18 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def _bars(ax, labels, series: dict[str, list[float]], horizontal: bool = False) -> None:
+def grouped_bars(ax, labels, series: dict[str, list[float]], horizontal: bool = False,
+                 colors: dict[str, str] | None = None) -> None:
+    """Grouped bar chart on a matplotlib ``ax``: one group per label, one bar per series
+    (``{series name: values in label order}``), each bar labelled with its value; colours by
+    series name from ``colors`` (default: this report's palette). Shared by the dataset and
+    eval reports."""
+    palette = _COLORS if colors is None else colors
     n = max(len(series), 1)
     width = 0.8 / n
     for k, (name, vals) in enumerate(series.items()):
         pos = [i + (k - (n - 1) / 2) * width for i in range(len(labels))]
-        color = _COLORS.get(name)
+        color = palette.get(name)
         if horizontal:
             bars = ax.barh(pos, vals, height=width, label=name, color=color)
         else:
@@ -329,7 +335,7 @@ def make_plots(outdir: Path, comp: dict, rates: dict, tokens: dict | None) -> di
     strategies = sorted(set(comp["before"]["strategy"]) | set(comp["after"]["strategy"]))
     fig = _figure(7, max(2.5, 0.35 * len(strategies) + 1.2))
     ax = fig.add_subplot()
-    _bars(ax, strategies, {"before": [comp["before"]["strategy"].get(s, 0) for s in strategies],
+    grouped_bars(ax, strategies, {"before": [comp["before"]["strategy"].get(s, 0) for s in strategies],
                            "after": [comp["after"]["strategy"].get(s, 0) for s in strategies]}, horizontal=True)
     ax.set_xlabel("items (before: dictionary entries; after: single + multi-answer items)")
     ax.set_title("Entries per strategy")
@@ -340,10 +346,10 @@ def make_plots(outdir: Path, comp: dict, rates: dict, tokens: dict | None) -> di
     ax1, ax2 = fig.subplots(1, 2)
     cats = sorted(set(comp["before"]["category"]) | set(CATEGORIES), key=lambda c: (c not in CATEGORIES,
                                                                                       CATEGORIES.index(c) if c in CATEGORIES else 0, c))
-    _bars(ax1, cats, {"before": [comp["before"]["category"].get(c, 0) for c in cats],
+    grouped_bars(ax1, cats, {"before": [comp["before"]["category"].get(c, 0) for c in cats],
                       "after": [comp["after"]["category"].get(c, 0) for c in cats]})
     ax1.set_title("Per category")
-    _bars(ax2, list(LEVELS), {"before": [comp["before"]["level"].get(lv, 0) for lv in LEVELS],
+    grouped_bars(ax2, list(LEVELS), {"before": [comp["before"]["level"].get(lv, 0) for lv in LEVELS],
                               "after": [comp["after"]["level"].get(lv, 0) for lv in LEVELS]})
     ax2.set_title("Per difficulty level")
     files["category_level"] = _save(fig, outdir / "by_category_level.png")

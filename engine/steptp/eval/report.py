@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..dataset.report import grouped_bars
 from .metrics import STAGES
 
 CATEGORIES = ("graph", "operator", "memory", "math")
@@ -31,23 +32,6 @@ def _figure(w: float = 7.0, h: float = 4.0):
     return Figure(figsize=(w, h), dpi=100, layout="constrained")
 
 
-def _bars(ax, labels, series: dict[str, list[float]], horizontal: bool = False) -> None:
-    n = max(len(series), 1)
-    width = 0.8 / n
-    for k, (name, vals) in enumerate(series.items()):
-        pos = [i + (k - (n - 1) / 2) * width for i in range(len(labels))]
-        kw = {"label": name, "color": _COLORS.get(name)}
-        bars = ax.barh(pos, vals, height=width, **kw) if horizontal else ax.bar(pos, vals, width=width, **kw)
-        ax.bar_label(bars, fmt="%g", fontsize=7, padding=1)
-    if horizontal:
-        ax.set_yticks(range(len(labels)), labels, fontsize=8)
-        ax.invert_yaxis()
-    else:
-        ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    if len(series) > 1:
-        ax.legend(fontsize=8)
-
-
 def make_plots(outdir: Path, s: dict) -> dict[str, str]:
     """Write ``stages.png`` (Table 2 as bars), ``strategies.png`` (Fig. 5: (a) category, (b)
     level) and ``by_strategy.png``; returns ``{name: file name}``."""
@@ -65,10 +49,11 @@ def make_plots(outdir: Path, s: dict) -> dict[str, str]:
 
     fig = _figure(9, 3.5)
     ax1, ax2 = fig.subplots(1, 2)
-    _bars(ax1, list(CATEGORIES), {k: [s["by_category"][k].get(c, 0) for c in CATEGORIES]
-                                  for k in ("recognised", "claimed")})
+    grouped_bars(ax1, list(CATEGORIES), {k: [s["by_category"][k].get(c, 0) for c in CATEGORIES]
+                                         for k in ("recognised", "claimed")}, colors=_COLORS)
     ax1.set_title("(a) strategies of correct answers per category", fontsize=9)
-    _bars(ax2, list(LEVELS), {k: [s["by_level"][k].get(lv, 0) for lv in LEVELS] for k in ("recognised", "claimed")})
+    grouped_bars(ax2, list(LEVELS), {k: [s["by_level"][k].get(lv, 0) for lv in LEVELS]
+                                     for k in ("recognised", "claimed")}, colors=_COLORS)
     ax2.set_title("(b) per difficulty level", fontsize=9)
     ax1.margins(y=0.2)
     ax2.margins(y=0.2)
@@ -79,8 +64,8 @@ def make_plots(outdir: Path, s: dict) -> dict[str, str]:
     if names:
         fig = _figure(7, max(2.5, 0.35 * len(names) + 1.2))
         ax = fig.add_subplot()
-        _bars(ax, names, {k: [s["by_strategy"][k].get(n, 0) for n in names] for k in ("recognised", "claimed")},
-              horizontal=True)
+        grouped_bars(ax, names, {k: [s["by_strategy"][k].get(n, 0) for n in names] for k in ("recognised", "claimed")},
+                     horizontal=True, colors=_COLORS)
         ax.set_xlabel("samples passing Equal")
         ax.set_title("Strategies of correct answers")
         fig.savefig(outdir / "by_strategy.png", format="png")
