@@ -125,3 +125,13 @@ def test_no_module_over_1000_lines():
     big = {str(p.relative_to(PKG_ROOT.parent)): n for p in PKG_ROOT.rglob("*.py")
            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert big == {}, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    """pyproject.toml lists packages explicitly; a subpackage missing there installs without
+    its modules (the tests run against the installed, non-editable package)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PKG_ROOT.parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.relative_to(PKG_ROOT.parent).parts[:-1]) for p in PKG_ROOT.rglob("__init__.py")}
+    assert found - listed == set()
