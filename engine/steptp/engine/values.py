@@ -499,6 +499,26 @@ def _analysis(module):
     return info
 
 
+_ACCESSES: "OrderedDict[int, tuple]" = OrderedDict()
+
+
+def _accesses(program) -> dict[str, list]:
+    """Every tensor access of ``program`` by tensor name, in program order (as
+    :func:`iter_tensors` yields them), memoised for the last 32 programs by identity:
+    ``rank_of`` and ``dim_has_bound_index`` are asked once per candidate value and walked the
+    whole program each time (set_storage_layout on 348 nests: 8.8 s, most of it here)."""
+    hit = _ACCESSES.get(id(program))
+    if hit is not None and hit[0] is program:
+        return hit[1]
+    index: dict[str, list] = {}
+    for t in iter_tensors(program):
+        index.setdefault(t.name, []).append(t)
+    _ACCESSES[id(program)] = (program, index)  # holding the program keeps its id
+    while len(_ACCESSES) > 32:
+        _ACCESSES.popitem(last=False)
+    return index
+
+
 def _shape(ctx, name, fn: str = "shape_of") -> tuple[int, ...]:
     """Shape of a tensor: the signature's, else the one inferred from the program's writes
     (:func:`steptp.leir.analysis.analyze`; a semantic error becomes a ValueExprError)."""
@@ -525,10 +545,10 @@ def _rank_of(ctx, name) -> int:
     decl = ctx.module.signature.get(name)
     if decl:
         return len(decl.shape)
-    t = next((t for t in iter_tensors(ctx.module.program) if t.name == name), None)
-    if t is None:
+    found = _accesses(ctx.module.program).get(name)
+    if not found:
         raise ValueExprError(f"rank_of: unknown tensor {name!r}")
-    return len(t.indices)
+    return len(found[0].indices)
 
 
 def _split_entry(ctx, sub, d, f) -> tuple:
@@ -560,8 +580,8 @@ def _flattened(ctx, sub, name) -> tuple:
 
 def _dim_has_bound_index(ctx, name, d) -> bool:
     """True when some access of tensor ``name`` has a thread/block-bound index in entry ``d``."""
-    for t in iter_tensors(ctx.module.program):
-        if t.name == name and 0 <= d < len(t.indices) and _has_bound_index(ctx, t.indices[d]):
+    for t in _accesses(ctx.module.program).get(name, ()):
+        if 0 <= d < len(t.indices) and _has_bound_index(ctx, t.indices[d]):
             return True
     return False
 
