@@ -60,7 +60,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                                            "record (ms-swift {\"messages\": [...]}) to this JSONL."),
            quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars.")):
     """Search for a faster equivalent program: every candidate is verified against the root
-    (3 seeded trials) and only Equal ones are timed (samples).
+    (3 seeded random + 2 ordered trials) and only Equal ones are timed (samples).
 
     Writes OUT/summary.json (samples, speedup = Runtime_root/Runtime_best, strategies,
     efficiency = speedup/samples, best, trajectory), OUT/best.leir and OUT/tree.jsonl per

@@ -7,7 +7,7 @@ Layers (algorithms never know about HTTP, TVM or rules)::
                    static-cost ranking, cost.py), ReplayPolicy (JSONL), LLMPolicy (chat endpoint,
                    templates/search_prompt.j2)
     algorithms.py  greedy, beam, bfs, dfs, mcts (UCT), chain, chain-no-parent over a core.Search
-    evaluate.py    Measure: verify_pair against the root (3 trials), time Equal candidates
+    evaluate.py    Measure: verify_pair against the root (3 random + 2 ordered trials), time Equal candidates
     core.py        Proposal, Node, Search (tree, dedupe, revert rejection, samples, best)
     run.py         search_program / search_many: summary.json, best.leir, tree.jsonl, report.md,
                    chat export

@@ -1,8 +1,8 @@
 """The evaluator of a search (:class:`Measure`): verify every candidate against the ROOT
 program, time the Equal ones.
 
-* Verification: :func:`steptp.verify.verify_pair` (root vs. candidate, 3 seeded trials,
-  in a worker process with a time limit). With ``target="cpu"`` the GPU preflight and
+* Verification: :func:`steptp.verify.verify_pair` (root vs. candidate, 3 seeded random +
+  2 ordered trials, in a worker process with a time limit). With ``target="cpu"`` the GPU preflight and
   CUDA code generation are skipped (``gpu_check=False``); with ``target="cuda"`` they are
   part of the Build check and the candidate runs on the GPU (``device="cuda"``).
 * Timing: :func:`steptp.backend.timing.measure` (a performance build: no NaN poisoning;
@@ -93,7 +93,7 @@ class Measure:
         return hit
 
     def evaluate(self, module: LeirModule) -> Evaluation:
-        """Verify ``module`` against the root (3 trials); time it when Equal. The returned
+        """Verify ``module`` against the root (3 random + 2 ordered trials); time it when Equal. The returned
         :class:`Evaluation` carries ``seconds`` spent per stage (verify, time)."""
         from ..verify import verify_pair
 

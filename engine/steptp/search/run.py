@@ -455,8 +455,8 @@ def write_report(outdir: str | Path) -> Path:
     sms = load_summaries(out)
     lines = ["# stp search report", "",
              f"{len(sms)} search(es). Speedup = Runtime_root / Runtime_best; samples = candidates that verified "
-             "Equal against the root (3 trials) and were timed; efficiency = average speedup / average samples "
-             "(paper §4.4, Tables 3-4). Re-timed: root and best timed again with 10 measurements each "
+             "Equal against the root (3 random + 2 ordered trials) and were timed; efficiency = average speedup / "
+             "average samples (paper §4.4, Tables 3-4). Re-timed: root and best timed again with 10 measurements each "
              "(the best of many noisy 3-measurement samples overstates its speedup).", "",
              "| algorithm | policy | target | programs | avg # samples | max # samples | avg speedup | median speedup "
              "| max speedup | efficiency | avg # strategies | max # strategies | avg re-timed speedup | avg speedup vs eager "
