@@ -620,8 +620,8 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
 
     * ``device``: where ``transformed`` runs: ``cpu`` (the verification form, LLVM) or
       ``cuda`` (its GPU form exported, loaded with the TVM runtime and run on the GPU,
-      outputs poisoned; :func:`steptp.backend.perf.run_cuda_lowered`); default ``cpu``. The reference is the original's CPU run either
-      way; ``res.device`` records the device. Callers check
+      outputs poisoned; :func:`steptp.backend.perf.run_cuda_lowered`); default ``cpu``.
+      The reference is the original's CPU run either way; ``res.device`` records the device. Callers check
       :func:`steptp.backend.cuda_runtime.cuda_available` first (a missing GPU is an Exec
       failure here).
 
@@ -809,4 +809,5 @@ def clear_reference_cache() -> None:
 
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
-           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs", "ORDERED_TRIALS", "promoted", "rounding_slack"]
+           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs",
+           "ORDERED_TRIALS", "promoted", "rounding_slack"]

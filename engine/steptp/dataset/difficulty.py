@@ -145,8 +145,10 @@ def paper_sets(groups: list[list[dict]], policy: FilterPolicy) -> tuple[list[dic
     def sample(items: list[dict], n: int) -> list[dict]:
         return items if n >= len(items) else rng.sample(items, n)
 
-    easy = [e for e in by_level[EASY]
-            if rng.random() < (policy.easy_keep_expand if is_expansion(e["strategy"]["id"]) else policy.easy_keep_simplify)]
+    def easy_rate(e: dict) -> float:
+        return policy.easy_keep_expand if is_expansion(e["strategy"]["id"]) else policy.easy_keep_simplify
+
+    easy = [e for e in by_level[EASY] if rng.random() < easy_rate(e)]
     singles = (by_level[DIFFICULT] + sample(by_level[MEDIUM], round(n_d * ratio_m))
                + sample(easy, round(n_d * ratio_e)))
 
