@@ -12,6 +12,7 @@ from steptp.cli import app
 from steptp.dataset.chat import parse_answer
 from steptp.leir import parse_leir, parse_program
 from steptp.leir.fileformat import LeirModule, Signature, TensorDecl
+from steptp.resources import rules_dir
 from steptp.verify import verify_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,3 +268,30 @@ def test_filters_group_derived_originals_as_programs_of_their_own(rounds_run):
         singles, multis = filtered_sets(entries, FilterPolicy(seed=0, profile=profile, min_multi=2))
         for group in multis:
             assert len({e["original"]["leir"] for e in group}) == 1
+
+
+def test_time_records_each_steps_speedup_and_the_report_tabulates_it(tmp_path):
+    """--time (issue 20): every entry gets timing {original_us, transformed_us, speedup,
+    device} from the CPU performance build; stp report shows speedups per strategy/level."""
+    out = tmp_path / "timed"
+    res = stp("dataset", EXAMPLES / "matmul.leir", "-o", out, "--seed", "0", "--in-process", "-q", "--time",
+              "--rule", str(rules_dir() / "loop_reorder.yaml"), "--rule", str(rules_dir() / "loop_split.yaml"))
+    assert res.exit_code == 0, res.output
+    entries = rows(out / "dictionary.jsonl")
+    assert entries and all(set(e["timing"]) == {"original_us", "transformed_us", "speedup", "device"} for e in entries)
+    for e in entries:
+        t = e["timing"]
+        assert t["device"] == "cpu" and t["original_us"] > 0 and t["transformed_us"] > 0
+        assert t["speedup"] == pytest.approx(t["original_us"] / t["transformed_us"], rel=1e-3)
+    assert json.loads((out / "run.json").read_text())["time"] is True
+    rep = stp("report", out, "--no-tokens")
+    assert rep.exit_code == 0, rep.output
+    text = (out / "report.md").read_text()
+    assert "## Runtime: speedup of each step" in text and "loop_reorder" in text.split("## Runtime")[1]
+    assert (out / "speedup.png").exists()
+    # without --time nothing is timed and run.json has no time key (older runs resume)
+    plain = tmp_path / "plain"
+    assert stp("dataset", EXAMPLES / "matmul.leir", "-o", plain, "--seed", "0", "--in-process", "-q",
+               "--rule", str(rules_dir() / "loop_split.yaml")).exit_code == 0
+    assert all("timing" not in e for e in rows(plain / "dictionary.jsonl"))
+    assert "time" not in json.loads((plain / "run.json").read_text())

@@ -49,6 +49,10 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                             "of each program's verified transformed programs of round k (derived "
                                             "originals, recorded with derived_from). 1: single steps from the "
                                             "source programs only."),
+            time_steps: bool = typer.Option(False, "--time",
+                                            help="Time every entry's original and transformed program on --device "
+                                                 "(median us, performance build) and record timing {original_us, "
+                                                 "transformed_us, speedup, device}; stp report tabulates speedups."),
             device: str = typer.Option("cpu", "--device",
                                        help="Where transformed programs run during verification: cpu or cuda "
                                             "(the GPU form on the GPU; references stay on the CPU).")):
@@ -69,7 +73,7 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         if not Path(p).exists():
             fail(f"{p}: no such rule file")
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
-                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device,
+                   isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device, time=time_steps,
                    rounds=rounds)
     from ..dataset.difficulty import PROFILES, FilterPolicy
     from ..dataset.distributed import RayUnavailable

@@ -51,6 +51,7 @@ class Options:
     device: str = "cpu"         # where transformed programs run in verification: cpu or cuda (--device)
     rounds: int = 1             # rounds of steps (--rounds): round k+1 starts from verified programs of round k
     derived_per_round: int = 4  # derived originals sampled per program and round (rounds > 1)
+    time: bool = False          # --time: each entry records original/transformed runtime and speedup
 
 
 @dataclass
@@ -154,7 +155,25 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "original_verification": original_check,
         "seed": opts.seed,
         **extra,
+        **({"timing": entry_timing(module, step.after, opts.device)} if opts.time else {}),
     }
+
+
+def entry_timing(original: LeirModule, transformed: LeirModule, device: str = "cpu") -> dict:
+    """``{original_us, transformed_us, speedup, device}`` of one verified step:
+    :func:`steptp.backend.timing.measure` of both programs on ``device`` (CPU: the
+    performance build; same seeded inputs; median microseconds per call), speedup =
+    original / transformed (paper App. B.2). A program that cannot be timed gives
+    ``{"device", "error"}`` instead: the entry is kept, its timing is not invented."""
+    from ..backend.errors import BackendError
+    from ..backend.timing import measure, speedup
+
+    try:
+        a, b = measure(original, device), measure(transformed, device)
+    except (BackendError, ValueError) as e:
+        return {"device": device, "error": f"{type(e).__name__}: {e}"[:300]}
+    return {"original_us": round(a.median_us, 4), "transformed_us": round(b.median_us, 4),
+            "speedup": round(speedup(a, b), 4), "device": device}
 
 
 def _symbolic(rule, module: LeirModule, step) -> str | None:
@@ -460,5 +479,5 @@ def _leir_or_str(x) -> str:
     return str(x)
 
 
-__all__ = ["Options", "ProgramResult", "entry_id", "load_source", "process", "process_batch", "process_batch_safe",
+__all__ = ["Options", "ProgramResult", "entry_id", "entry_timing", "load_source", "process", "process_batch", "process_batch_safe",
            "process_safe"]

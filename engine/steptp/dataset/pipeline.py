@@ -55,6 +55,8 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     d["rule_paths"] = [Path(p).name for p in opts.rule_paths]
     if d["device"] == "cpu":
         del d["device"]  # run.json of CPU runs as before --device existed (they resume)
+    if not d["time"]:
+        del d["time"]  # run.json as before --time existed
     if d["rounds"] == 1:
         del d["rounds"], d["derived_per_round"]  # one round: run.json as before --rounds existed
     d["policy"] = policy.recorded()

