@@ -110,6 +110,22 @@ def export_cuda(module: LeirModule, outdir: str | os.PathLike, *, limits: GpuLim
     return built, src
 
 
+def export_cuda_cached(module: LeirModule, outdir: str | os.PathLike, *, limits: GpuLimits = DEFAULT_GPU,
+                       ptx_cache: str | os.PathLike | None = None):
+    """:func:`export_cuda` for running here: the source's PTX compiled into the shared cache
+    ``ptx_cache`` (default :func:`default_ptx_cache`; a hit costs nothing) and the load-time
+    callback ``tvm_callback_cuda_compile`` registered to serve it. Returns ``(Built, source)``
+    ready for :func:`steptp.backend.cuda_runtime.load_built`. Raises as :func:`export_cuda`."""
+    from .cuda_runtime import compile_ptx, register_ptx_cache  # noqa: PLC0415
+
+    built, src = export_cuda(module, outdir, limits=limits, ptx=False)
+    cache = Path(ptx_cache) if ptx_cache else default_ptx_cache()
+    compile_ptx(src, cache, limits.arch)
+    built.ptx_dir = cache
+    register_ptx_cache(cache, limits.arch)
+    return built, src
+
+
 def export_cpu(module: LeirModule, outdir: str | os.PathLike, target: dict | None = None):
     """The CPU performance form exported as ``kernel.so`` + ``manifest.json`` in ``outdir``
     (loadable with the runtime only, like :func:`export_cuda`'s output; the tests run the
@@ -139,19 +155,12 @@ def run_cuda_lowered(module_text: str, input_sets: list, limits: GpuLimits = DEF
     import tempfile  # noqa: PLC0415
 
     from ..leir import parse_leir  # noqa: PLC0415
-    from .cuda_runtime import register_ptx_cache, run_module  # noqa: PLC0415
+    from .cuda_runtime import run_module  # noqa: PLC0415
 
-    module = parse_leir(module_text)
-    cache = Path(ptx_cache) if ptx_cache else default_ptx_cache()
     with tempfile.TemporaryDirectory(prefix="stp-cuda-") as tmp:
-        built, src = export_cuda(module, tmp, limits=limits, ptx=False)
-        from .cuda_runtime import compile_ptx  # noqa: PLC0415
-
-        compile_ptx(src, cache, limits.arch)
-        built.ptx_dir = cache
-        register_ptx_cache(cache, limits.arch)
+        built, src = export_cuda_cached(parse_leir(module_text), tmp, limits=limits, ptx_cache=ptx_cache)
         return run_module(built, input_sets), src
 
 
-__all__ = ["PERF_CPU_TARGET", "perf_cpu_text", "build_perf_cpu", "export_cuda", "export_cpu", "default_ptx_cache",
-           "run_cuda_lowered"]
+__all__ = ["PERF_CPU_TARGET", "perf_cpu_text", "build_perf_cpu", "export_cuda", "export_cuda_cached", "export_cpu",
+           "default_ptx_cache", "run_cuda_lowered"]

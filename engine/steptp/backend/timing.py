@@ -249,20 +249,15 @@ def _measure_cpu(module: LeirModule, number, repeat, warmup, min_repeat_ms, seed
 def _measure_cuda(module: LeirModule, number, repeat, warmup, min_repeat_ms, seed) -> Timing:
     import tempfile  # noqa: PLC0415
 
-    from .cuda_runtime import cuda_available, device_args, load_built, register_ptx_cache  # noqa: PLC0415
+    from .cuda_runtime import cuda_available, device_args, load_built  # noqa: PLC0415
     from .errors import ExecError  # noqa: PLC0415
-    from .perf import default_ptx_cache, export_cuda  # noqa: PLC0415
-    from .cuda_runtime import compile_ptx  # noqa: PLC0415
+    from .perf import export_cuda_cached  # noqa: PLC0415
 
     why = cuda_available()
     if why:
         raise ExecError(f"--device cuda: {why}")
-    cache = default_ptx_cache()
     with tempfile.TemporaryDirectory(prefix="stp-time-") as tmp:
-        built, src = export_cuda(module, tmp, ptx=False)
-        compile_ptx(src, cache, built.arch)
-        built.ptx_dir = cache
-        register_ptx_cache(cache, built.arch)
+        built, _ = export_cuda_cached(module, tmp)
         mod = load_built(built)
         args = device_args(built.params, "cuda", _inputs(module, seed))
         secs, n = _run_protocol(mod, "cuda", args, number, repeat, warmup, min_repeat_ms)
