@@ -32,11 +32,10 @@ sympy is imported on first use, so importing :mod:`steptp.engine` stays fast.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from ..leir import ast as A
 from ..leir.printer import format_expr
 from .filters import candidate_filter, extra_domain
+from .navigation import IdentityMemo
 from .primitives import (Change, EqRef, EvalContext, RewriteContext, RewriteError, ValueExprError, eval_value,
                          get_item, primitive, replace_item)
 
@@ -254,7 +253,7 @@ def _in_condition(value: A.Expr, term: A.Expr) -> bool:
     return False
 
 
-_TAINTED: "OrderedDict[tuple, tuple]" = OrderedDict()
+_TAINTED = IdentityMemo()
 
 
 def _tainted(prog: A.Program, avoid: set[str]) -> set[str]:
@@ -265,15 +264,7 @@ def _tainted(prog: A.Program, avoid: set[str]) -> set[str]:
     its 19 s were this fixed point, recomputed 976 times)."""
     if not avoid:
         return set()
-    key = (id(prog), frozenset(avoid))
-    hit = _TAINTED.get(key)
-    if hit is not None and hit[0] is prog:
-        return set(hit[1])
-    out = _tainted_uncached(prog, avoid)
-    _TAINTED[key] = (prog, frozenset(out))  # holding the program keeps its id
-    while len(_TAINTED) > 32:
-        _TAINTED.popitem(last=False)
-    return out
+    return set(_TAINTED.get((prog,), lambda: frozenset(_tainted_uncached(prog, avoid)), frozenset(avoid)))
 
 
 def _tainted_uncached(prog: A.Program, avoid: set[str]) -> set[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -183,6 +184,30 @@ def nest_loop_vars(nest: A.Nest) -> set[str]:
         if isinstance(item, A.Nest):
             out |= nest_loop_vars(item)
     return out
+
+
+class IdentityMemo:
+    """Values computed from immutable objects (a program, its signature), kept for the last
+    ``size`` keys by object identity. The entry holds the objects themselves, so their ids
+    cannot be reused by other objects while it lives. Parameter domains and value functions
+    ask the same whole-program question once per candidate; this answers it once per
+    program."""
+
+    def __init__(self, size: int = 32):
+        self.size = size
+        self._entries: "OrderedDict[tuple, tuple]" = OrderedDict()
+
+    def get(self, objs: tuple, compute: Callable[[], Any], extra: Any = None):
+        """``compute()`` for the objects ``objs`` (and the hashable ``extra``), memoised."""
+        key = (tuple(id(o) for o in objs), extra)
+        hit = self._entries.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], objs)):
+            return hit[1]
+        value = compute()
+        self._entries[key] = (objs, value)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return value
 
 
 def iter_tensors(prog: A.Program) -> Iterator[A.Tensor]:

@@ -42,11 +42,11 @@ naming the function for a bad argument.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Any
 
 from ..leir import ast as A
 from . import patterns as P
+from .navigation import IdentityMemo
 from .primitives import (VALUE_FUNCTIONS, EqRef, EvalContext, NestRef, ValueExprError, get_item, get_nest,
                          iter_tensors)
 
@@ -130,7 +130,7 @@ def _loops_of(ctx: EvalContext, nest) -> tuple:
 
 def _scope_of(ctx: EvalContext, name) -> str:
     """The scope of a tensor's occurrences (``mixed`` when they disagree)."""
-    scopes = {t.scope for t in iter_tensors(ctx.module.program) if t.name == name}
+    scopes = {t.scope for t in _occurrences(ctx, name)}
     return scopes.pop() if len(scopes) == 1 else "mixed"
 
 
@@ -139,9 +139,8 @@ def _dtype_of(ctx: EvalContext, name) -> str:
     d = ctx.module.signature.get(name)
     if d:
         return d.dtype
-    for t in iter_tensors(ctx.module.program):
-        if t.name == name:
-            return t.dtype
+    for t in _occurrences(ctx, name):
+        return t.dtype
     raise ValueExprError(f"unknown tensor {name!r}")
 
 
@@ -477,7 +476,8 @@ def _target_of(ctx, eq) -> str:
 # ---------------------------------------------------------------------------
 
 
-_ANALYSES: "OrderedDict[tuple[int, int], tuple]" = OrderedDict()
+_ANALYSES = IdentityMemo()
+_ACCESSES = IdentityMemo()
 
 
 def _analysis(module):
@@ -488,18 +488,8 @@ def _analysis(module):
     ``LeirSemanticError``."""
     from ..leir.analysis import analyze
 
-    key = (id(module.program), id(module.signature))
-    hit = _ANALYSES.get(key)
-    if hit is not None and hit[0] is module.program and hit[1] is module.signature:
-        return hit[2]
-    info = analyze(module.program, module.signature, check_bounds=False)
-    _ANALYSES[key] = (module.program, module.signature, info)  # holding the objects keeps their ids
-    while len(_ANALYSES) > 32:
-        _ANALYSES.popitem(last=False)
-    return info
-
-
-_ACCESSES: "OrderedDict[int, tuple]" = OrderedDict()
+    return _ANALYSES.get((module.program, module.signature),
+                         lambda: analyze(module.program, module.signature, check_bounds=False))
 
 
 def _accesses(program) -> dict[str, list]:
@@ -507,16 +497,19 @@ def _accesses(program) -> dict[str, list]:
     :func:`iter_tensors` yields them), memoised for the last 32 programs by identity:
     ``rank_of`` and ``dim_has_bound_index`` are asked once per candidate value and walked the
     whole program each time (set_storage_layout on 348 nests: 8.8 s, most of it here)."""
-    hit = _ACCESSES.get(id(program))
-    if hit is not None and hit[0] is program:
-        return hit[1]
-    index: dict[str, list] = {}
-    for t in iter_tensors(program):
-        index.setdefault(t.name, []).append(t)
-    _ACCESSES[id(program)] = (program, index)  # holding the program keeps its id
-    while len(_ACCESSES) > 32:
-        _ACCESSES.popitem(last=False)
-    return index
+    def index() -> dict[str, list]:
+        out: dict[str, list] = {}
+        for t in iter_tensors(program):
+            out.setdefault(t.name, []).append(t)
+        return out
+
+    return _ACCESSES.get((program,), index)
+
+
+def _occurrences(ctx: EvalContext, name) -> list:
+    """The accesses of tensor ``name`` in the program, in program order ([] for a name that
+    is not a string or not a tensor of the program)."""
+    return _accesses(ctx.module.program).get(name, []) if isinstance(name, str) else []
 
 
 def _shape(ctx, name, fn: str = "shape_of") -> tuple[int, ...]:
@@ -545,10 +538,9 @@ def _rank_of(ctx, name) -> int:
     decl = ctx.module.signature.get(name)
     if decl:
         return len(decl.shape)
-    found = _accesses(ctx.module.program).get(name)
-    if not found:
-        raise ValueExprError(f"rank_of: unknown tensor {name!r}")
-    return len(found[0].indices)
+    for t in _occurrences(ctx, name):
+        return len(t.indices)
+    raise ValueExprError(f"rank_of: unknown tensor {name!r}")
 
 
 def _split_entry(ctx, sub, d, f) -> tuple:
@@ -580,7 +572,7 @@ def _flattened(ctx, sub, name) -> tuple:
 
 def _dim_has_bound_index(ctx, name, d) -> bool:
     """True when some access of tensor ``name`` has a thread/block-bound index in entry ``d``."""
-    for t in _accesses(ctx.module.program).get(name, ()):
+    for t in _occurrences(ctx, name):
         if 0 <= d < len(t.indices) and _has_bound_index(ctx, t.indices[d]):
             return True
     return False
