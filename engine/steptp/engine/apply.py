@@ -29,7 +29,7 @@ from ..leir.fileformat import LeirModule
 from ..leir.parser import LeirSyntaxError, parse_program
 from ..leir.printer import format_program
 from . import patterns as P
-from .filters import EXTRA_DOMAINS, check_filters, passes_filters
+from .filters import EXTRA_DOMAINS, check_filters, passes_filters, rule_filters
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
 from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
                          eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
@@ -265,6 +265,9 @@ def _no_match_message(rule, module: LeirModule, detail: str = "") -> str:
     if rule.scope in ("nest", "nests", "tensor") or rule.where:
         what += " satisfies the preconditions" if rule.scope in ("nest", "nests", "tensor") else \
             " with the preconditions satisfied"
+    filters = [name for name, _ in rule_filters(rule)]
+    if filters:
+        what += f" and passes the candidate filter(s) {', '.join(filters)}"
     return (f"rule '{rule.id}' matches nothing in program '{module.signature.name}': {what} "
             f"(preconditions: {pre}){'; ' + detail if detail else ''}")
 

@@ -133,10 +133,14 @@ def _arg_domain(function: str, target: A.Expr) -> list:
     return G.atoms(target)
 
 
-@candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from", "look_through"))
-def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_through=False):
-    """The normal form ``function`` changes the site (see the module docstring)."""
+@candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from", "look_through",
+                                                                  "no_overflow"))
+def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_through=False, no_overflow=False):
+    """The normal form ``function`` changes the site (see the module docstring); with
+    ``no_overflow: true`` the normal form must also not introduce a subterm that may
+    overflow the equation's dtype (:func:`steptp.engine.magnitude.introduces_overflow`)."""
     from . import algebra as G
+    from .magnitude import introduces_overflow, site_loops
 
     eq = _equation(module, env)
     if eq.target.dtype not in G.FLOAT_DTYPES:
@@ -153,6 +157,9 @@ def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_t
         for a in (_arg_domain(other, target) if takes else [None]):
             if G.normal_form(target, other, a) == res:
                 return False
+    if no_overflow and isinstance(env.get("eq"), EqRef) and \
+            introduces_overflow(module, site_loops(module, env["eq"]), eq.target.dtype, target, res):
+        return False
     return True
 
 

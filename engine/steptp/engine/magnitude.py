@@ -1,0 +1,264 @@
+"""Magnitude bounds of a program's values, and the ``no_overflow`` precondition built on them.
+
+A rewrite that is exact in real numbers can still be wrong in floating point when it
+introduces an intermediate that overflows: ``exp(x) -> exp(x-c)*exp(c)`` with ``c`` a row
+maximum of ~1e3 gives ``exp(c) = inf`` and ``0*inf = nan`` where the original was finite
+(paper App. A.3 strategies exponential split, expand power simplification, factorization;
+on 630 corpus candidates 17 of 24 exponential splits failed this way). The verifier would
+reject such a step; this module lets the rule engine not propose it.
+
+**The bound.** :func:`tensor_bounds` gives, for every tensor of a program, an upper bound on
+``|value|`` under the verifier's inputs (:func:`steptp.verify.random_inputs`: uniform on
+[-2, 2] or [0.1, 2], standard normal; :func:`steptp.verify.ordered_inputs`: [0.1, 2]), by
+interval reasoning on magnitudes in program order:
+
+* inputs, params and constants: :data:`FLOAT_INPUT_BOUND` (5: a standard normal draw
+  exceeds it with probability 6e-7), integer tensors :data:`INT_INPUT_BOUND`;
+* an accumulation ``X = X + e`` over reduction loops of total extent ``R`` (the enclosing
+  loops whose index is not in ``X``'s subscript) adds ``R * |e|``; ``X = max(X, e)`` /
+  ``min`` takes ``|e|``; ``X = X * e`` multiplies by ``|e|**R``; any other equation gives
+  ``|value|`` (the maximum with earlier writes of the same tensor);
+* expressions: ``|a+b| <= |a|+|b|``, ``|a*b| <= |a||b|``, ``exp`` of a bound ``B`` is
+  ``e**B`` (``inf`` past the float range), ``tanh``/``erf``/``sigmoid`` are 1, a loop index is
+  its extent; a quotient by anything but a non-zero literal, ``log`` and other functions
+  have an *unknown* bound (``nan``), and so has everything computed from them.
+
+The bounds are worst cases, not estimates; with the verifier's all-positive trials a sum of
+``R`` products really does reach a good fraction of ``R * |a| * |b|``, so they are rarely far
+off. A bound is ``inf`` when the worst case overflows even a Python float, ``nan`` when it
+is unknown (normalised values, ``x/sum(...)``, are usually small: a quotient gives no
+evidence of overflow either way).
+
+**The precondition.** :func:`introduces_overflow` is true when a new expression has a
+subterm that is not a subterm of the old one where an overflow starts: its known bound
+exceeds the largest finite value of the equation's dtype (:data:`DTYPE_MAX`) and its
+operands' do not (regrouping a term that already overflows is the original's business). An unknown bound does not reject:
+the filter removes the rewrites with demonstrable overflow, and the verifier stays the
+judge of the rest. Rules use it as the candidate filter
+``no_overflow: {terms: [...]}`` (templates filled with the site's bindings, e.g.
+``["exp(?c)", "exp(?x-?c)"]``) or as the option ``no_overflow: true`` of the
+``normal_form`` filter (the normal form itself is the new expression).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..leir import ast as A
+from .filters import candidate_filter
+from .navigation import IdentityMemo
+from .primitives import EqRef, get_item
+
+#: bound on |x| of a floating point input, param or constant under the verifier's draws
+FLOAT_INPUT_BOUND = 5.0
+#: bound on |x| of an integer input (random draws are in [-8, 8]; index tensors stay below
+#: a dimension, covered by the largest dimension of the signature, see :func:`tensor_bounds`)
+INT_INPUT_BOUND = 9.0
+#: largest finite value per LEIR dtype code (IEEE 754 binary16/32/64, bfloat16)
+DTYPE_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
+             "f64": 1.7976931348623157e308}
+
+_BOUNDED_ONE = {"tanh", "erf", "sigmoid", "sin", "cos"}
+
+
+UNKNOWN = math.nan
+
+
+def _mul(a: float, b: float) -> float:
+    if a == 0.0 or b == 0.0:
+        return 0.0
+    return a * b
+
+
+def _max(xs) -> float:
+    xs = list(xs)
+    return UNKNOWN if any(math.isnan(x) for x in xs) else max(xs)
+
+
+def _exp(b: float) -> float:
+    try:
+        return math.exp(b)
+    except OverflowError:
+        return math.inf
+
+
+def _pow(b: float, p: float) -> float:
+    if p < 0:
+        return UNKNOWN
+    try:
+        return b ** p
+    except OverflowError:
+        return math.inf
+
+
+def expr_bound(e: A.Expr, bounds: dict[str, float], extents: dict[str, int]) -> float:
+    """Upper bound on ``|e|`` (a float; ``inf``: overflows a Python float, ``nan``: unknown)
+    given ``bounds`` (tensor name -> bound on its elements) and ``extents`` (loop index -> extent, so an index is at
+    most ``extent - 1``). Rules in the module docstring."""
+    if isinstance(e, A.Int):
+        return float(abs(e.value))
+    if isinstance(e, A.Float):
+        return abs(e.value)
+    if isinstance(e, A.Index):
+        n = extents.get(e.name)
+        return float(n - 1) if n is not None else UNKNOWN
+    if isinstance(e, A.Tensor):
+        return bounds.get(e.name, UNKNOWN)
+    if isinstance(e, A.Neg):
+        return expr_bound(e.operand, bounds, extents)
+    if isinstance(e, (A.Compare, A.BoolOp, A.Not)):
+        return 1.0
+    if isinstance(e, A.BinOp):
+        a = expr_bound(e.lhs, bounds, extents)
+        if e.op == "%":
+            return expr_bound(e.rhs, bounds, extents)
+        if e.op in ("/", "//"):
+            r = e.rhs
+            if isinstance(r, (A.Int, A.Float)) and r.value != 0:
+                return a / abs(r.value) + (1.0 if e.op == "//" else 0.0)
+            return UNKNOWN
+        b = expr_bound(e.rhs, bounds, extents)
+        if e.op in ("+", "-"):
+            return a + b
+        if e.op == "*":
+            return _mul(a, b)
+        if e.op == "**":
+            if isinstance(e.rhs, (A.Int, A.Float)):
+                return _pow(a, float(e.rhs.value))
+            return UNKNOWN
+        return UNKNOWN
+    if isinstance(e, A.Call):
+        f = e.func
+        args = [expr_bound(x, bounds, extents) for x in (e.args[1:] if f == "if_then_else" else e.args)]
+        if f == "exp":
+            return _exp(args[0])
+        if f == "sqrt":
+            return math.sqrt(args[0])
+        if f in ("abs", "max", "min", "if_then_else"):
+            return _max(args)
+        if f in ("floor", "ceil", "round"):
+            return args[0] + 1.0
+        if f in _BOUNDED_ONE:
+            return 1.0
+        return UNKNOWN
+    return UNKNOWN
+
+
+def _accumulation(eq: A.Assign) -> tuple[str, A.Expr] | None:
+    """``(op, e)`` for ``X = X + e`` (also ``e + X``, ``X - e``, chains), ``X = X * e``,
+    ``X = max(X, e)`` / ``min``; None otherwise."""
+    from .algebra import accumulation
+
+    acc = accumulation(eq)
+    if acc is not None:
+        return acc
+    v, x = eq.value, eq.target
+    if isinstance(v, A.BinOp) and v.op in ("+", "-", "*"):
+        if v.lhs == x:
+            return ("*" if v.op == "*" else "+"), v.rhs
+        if v.rhs == x and v.op != "-":
+            return v.op, v.lhs
+    if isinstance(v, A.Call) and v.func in ("max", "min") and len(v.args) == 2 and x in v.args:
+        return "max", v.args[1] if v.args[0] == x else v.args[0]
+    return None
+
+
+def _tensor_bounds_uncached(module) -> dict[str, float]:
+    sig = module.signature
+    largest_dim = max((d for t in sig.tensors for d in t.shape), default=1)
+    bounds: dict[str, float] = {}
+    for t in sig.tensors:
+        if t.is_output:
+            continue
+        floating = t.dtype.startswith(("f", "bf"))
+        bounds[t.name] = FLOAT_INPUT_BOUND if floating else max(INT_INPUT_BOUND, float(largest_dim))
+    for loops, eq in module.program.equations():
+        x = eq.target
+        extents = {l.var: l.extent for l in loops}
+        used = {i.name for s in x.indices for i in A.walk(s) if isinstance(i, A.Index)}
+        reduce_extent = math.prod(l.extent for l in loops if l.var not in used)
+        prev = bounds.get(x.name, 0.0)
+        acc = _accumulation(eq)
+        if acc is not None:
+            op, e = acc
+            b = expr_bound(e, bounds, extents)
+            if op == "+":
+                new = prev + _mul(float(reduce_extent), b)
+            elif op == "max":
+                new = _max((prev, b))
+            else:  # X = X * e: the running product over the reduction
+                new = _mul(_max((prev, 1.0)), _pow(b, float(reduce_extent)))
+        elif any(isinstance(y, A.Tensor) and y.name == x.name for y in A.walk(eq.value)):
+            new = expr_bound(eq.value, bounds, extents) if reduce_extent == 1 else UNKNOWN
+        else:
+            new = _max((prev, expr_bound(eq.value, bounds, extents)))
+        bounds[x.name] = new
+    return bounds
+
+
+_BOUNDS = IdentityMemo()
+
+
+def tensor_bounds(module) -> dict[str, float]:
+    """Upper bound on ``|x|`` for every element of every tensor of ``module`` (a
+    :class:`~steptp.leir.fileformat.LeirModule`) under the verifier's inputs, as
+    ``{name: float}`` (``inf``: overflows a Python float, ``nan``: unknown); rules in the module docstring. Memoised per
+    (program, signature) object: a rule asks once per candidate."""
+    return _BOUNDS.get((module.program, module.signature), lambda: _tensor_bounds_uncached(module))
+
+
+def _subterms(e: A.Expr) -> list[A.Expr]:
+    return list(A.walk(e))
+
+
+def introduces_overflow(module, loops: tuple[A.Loop, ...], dtype: str, old: A.Expr, new: A.Expr) -> bool:
+    """True when ``new`` has a subterm that ``old`` does not have where an overflow starts:
+    its known magnitude bound (:func:`expr_bound` with :func:`tensor_bounds`, loop indices
+    bounded by ``loops``) exceeds :data:`DTYPE_MAX` of ``dtype`` (a LEIR float dtype code;
+    other dtypes: always False) and none of its operands' does. An unknown (``nan``) bound
+    never exceeds it; subterms ``old`` already has are the original program's business."""
+    limit = DTYPE_MAX.get(dtype)
+    if limit is None:
+        return False
+    bounds = tensor_bounds(module)
+    extents = {l.var: l.extent for l in loops}
+    seen = set(_subterms(old))
+
+    def over(t: A.Expr) -> bool:
+        return expr_bound(t, bounds, extents) > limit
+
+    return any(over(t) and not any(over(c) for c in A.children(t)) for t in _subterms(new) if t not in seen)
+
+
+def site_loops(module, ref: EqRef) -> tuple[A.Loop, ...]:
+    """The loops enclosing the equation at ``ref`` (outermost first)."""
+    prog = module.program
+    node = prog.nests[ref.path[0]]
+    loops = node.loops
+    for i in ref.path[1:-1]:
+        node = node.body[i]
+        loops += node.loops
+    return loops
+
+
+@candidate_filter("no_overflow", required=("terms",))
+def filter_no_overflow(module, env, terms):
+    """The site is a candidate only when none of ``terms`` (expression templates filled with
+    the bindings, e.g. ``exp(?c)``) has a new subterm that may overflow the equation's dtype
+    for the program's value ranges (:func:`introduces_overflow`, old = the equation's value)."""
+    from .patterns import instantiate, parse_expr_pattern
+
+    ref = env.get("eq")
+    if not isinstance(ref, EqRef):
+        return True
+    eq = get_item(module.program, ref.path)
+    loops = site_loops(module, ref)
+    for src in terms:
+        new = instantiate(parse_expr_pattern(src), env)
+        if introduces_overflow(module, loops, eq.target.dtype, eq.value, new):
+            return False
+    return True
+
+
+__all__ = ["UNKNOWN", "FLOAT_INPUT_BOUND", "INT_INPUT_BOUND", "DTYPE_MAX", "expr_bound", "tensor_bounds", "introduces_overflow",
+           "site_loops", "filter_no_overflow"]
