@@ -267,7 +267,12 @@ def coverage(rules, programs: list[LeirModule], per_program: int = 3, seed: int 
              nvcc: bool = False, progress=None) -> list[CoverageRow]:
     """Apply every rule to every program it matches (``per_program`` candidates each,
     spread over the candidate list in a seeded order), verify each result against its
-    program (:func:`steptp.verify.verify_pair`, ``trials`` seeded trials) and count."""
+    program (:func:`steptp.verify.verify_pair`, ``trials`` seeded trials) and count.
+
+    The candidates are those ``stp apply --all`` lists (``list_candidates(check=True)``):
+    a site whose rewrite the GPU preflight rejects (e.g. a thread binding under a loop
+    already bound to the same axis) is not a step of the rule, so it is neither tried nor
+    a failure."""
     import random
 
     from ..engine import NoMatch, apply_rule, list_candidates
@@ -278,7 +283,7 @@ def coverage(rules, programs: list[LeirModule], per_program: int = 3, seed: int 
         row = CoverageRow(r.id)
         for m in programs:
             try:
-                cands = list_candidates(r, m)
+                cands = list_candidates(r, m, check=True)
             except NoMatch:
                 continue
             except Exception as e:  # noqa: BLE001 - a crashing rule is a finding, not a crash

@@ -136,6 +136,17 @@ class OpContext:
         """Elementwise ``out = fn(operands...)`` (broadcasting) into the node's result."""
         return self.em.map(out or self.result(), fn, *operands)
 
+    def opmath(self, x: Value) -> Value:
+        """``x`` itself, or for a 16-bit float tensor (f16/bf16) an f32 copy of it, so that an
+        elementwise composite (sigmoid, silu, mish, gelu, softplus...) mapped over it computes
+        in float32 and rounds once when stored into the 16-bit result. PyTorch's kernels do
+        this for reduced floating types (``opmath_t`` = float on CPU and CUDA); computing
+        ``x*tanh(log(1+exp(x)))`` in f16 rounds five times and differs by an ulp or more,
+        which a following normalisation of a nearly constant group amplifies 300-fold."""
+        if not isinstance(x, Value) or x.dtype not in ("f16", "bf16"):
+            return x
+        return self.em.copy(self.em.temp(x.shape, "f32"), x)
+
     def acc_dtype(self, dtype: str | None = None, n: int = 1, long_at: int | None = None) -> str:
         """Accumulation dtype of a sum of ``n`` terms of ``dtype``: float32 for 16-bit floats
         (PyTorch accumulates f16/bf16 sums, matmuls and norms in float32), float64 for float32

@@ -81,12 +81,14 @@ def lower_pow(ctx):
     return ctx.map(lambda v: A.BinOp("**", v, ctx.lit(p)), x)
 
 
-def _unary(fn: Callable[[OpContext, A.Expr], A.Expr], *names: str, floats: bool = True):
+def _unary(fn: Callable[[OpContext, A.Expr], A.Expr], *names: str, floats: bool = True, composite: bool = False):
+    """Register an elementwise lowering ``fn(ctx, x)``; ``composite``: several operations,
+    computed in float32 for 16-bit float inputs and rounded once (:meth:`OpContext.opmath`)."""
     def lower(ctx):
         x = ctx.operand("self")
         if floats:
             ctx.require_float(x)
-        return ctx.map(lambda v: fn(ctx, v), x)
+        return ctx.map(lambda v: fn(ctx, v), ctx.opmath(x) if composite else x)
 
     lower.__name__ = f"lower_{names[0]}"
     lower.__doc__ = f"Elementwise {names[0]}."
@@ -101,7 +103,7 @@ def _sigmoid(ctx, v):
 _unary(lambda c, v: call("exp", v), "exp")
 _unary(lambda c, v: call("log", v), "log")
 _unary(lambda c, v: call("sqrt", v), "sqrt")
-_unary(lambda c, v: div(c.lit(1), call("sqrt", v)), "rsqrt")
+_unary(lambda c, v: div(c.lit(1), call("sqrt", v)), "rsqrt", composite=True)
 _unary(lambda c, v: div(c.lit(1), v), "reciprocal")
 _unary(lambda c, v: call("abs", v), "abs", "absolute", floats=False)
 _unary(lambda c, v: call("tanh", v), "tanh")
@@ -109,14 +111,15 @@ _unary(lambda c, v: call("erf", v), "erf")
 _unary(lambda c, v: mul(v, v), "square", floats=False)
 _unary(lambda c, v: call("max", v, c.lit(0)), "relu")
 _unary(lambda c, v: call("min", call("max", v, c.lit(0)), c.lit(6)), "relu6")
-_unary(_sigmoid, "sigmoid")
-_unary(lambda c, v: div(v, add(c.lit(1), call("exp", A.Neg(v)))), "silu")
-_unary(lambda c, v: div(v, add(c.lit(1), call("abs", v))), "softsign")
-_unary(lambda c, v: div(call("min", call("max", add(v, c.lit(3)), c.lit(0)), c.lit(6)), c.lit(6)), "hardsigmoid")
+_unary(_sigmoid, "sigmoid", composite=True)
+_unary(lambda c, v: div(v, add(c.lit(1), call("exp", A.Neg(v)))), "silu", composite=True)
+_unary(lambda c, v: div(v, add(c.lit(1), call("abs", v))), "softsign", composite=True)
+_unary(lambda c, v: div(call("min", call("max", add(v, c.lit(3)), c.lit(0)), c.lit(6)), c.lit(6)), "hardsigmoid",
+       composite=True)
 _unary(lambda c, v: div(mul(v, call("min", call("max", add(v, c.lit(3)), c.lit(0)), c.lit(6))), c.lit(6)),
-       "hardswish")
-_unary(lambda c, v: mul(v, call("tanh", call("log", add(c.lit(1), call("exp", v))))), "mish")
-_unary(lambda c, v: sub(v, call("tanh", v)), "tanhshrink")
+       "hardswish", composite=True)
+_unary(lambda c, v: mul(v, call("tanh", call("log", add(c.lit(1), call("exp", v))))), "mish", composite=True)
+_unary(lambda c, v: sub(v, call("tanh", v)), "tanhshrink", composite=True)
 
 
 @lowering("gelu")
@@ -125,6 +128,7 @@ def lower_gelu(ctx):
     ``0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x*x*x)))``."""
     x = ctx.operand("self")
     ctx.require_float(x)
+    x = ctx.opmath(x)  # several operations: float32 for 16-bit inputs, one rounding
     approx = ctx.args.get("approximate", "none")
     if approx == "none":
         return ctx.map(lambda v: mul(mul(ctx.lit(0.5), v),
@@ -149,6 +153,7 @@ def lower_elu(ctx):
     """``scale*x if x > 0 else scale*alpha*(exp(input_scale*x)-1)``."""
     x = ctx.operand("self")
     ctx.require_float(x)
+    x = ctx.opmath(x)  # several operations: float32 for 16-bit inputs, one rounding
     alpha, scale, iscale = ctx.number("alpha"), ctx.number("scale"), ctx.number("input_scale")
     pos = lambda v: v if scale == 1 else mul(ctx.lit(scale), v)
     arg = lambda v: v if iscale == 1 else mul(ctx.lit(iscale), v)
@@ -166,6 +171,7 @@ def lower_selu(ctx):
     """``scale*(x if x > 0 else alpha*(exp(x)-1))`` with SELU's constants."""
     x = ctx.operand("self")
     ctx.require_float(x)
+    x = ctx.opmath(x)  # several operations: float32 for 16-bit inputs, one rounding
     return ctx.map(lambda v: call("if_then_else", A.Compare(">", v, ctx.lit(0)), mul(ctx.lit(_SELU_SCALE), v),
                                   mul(ctx.lit(_SELU_SCALE * _SELU_ALPHA), sub(call("exp", v), ctx.lit(1)))), x)
 
@@ -175,6 +181,7 @@ def lower_softplus(ctx):
     """``x if beta*x > threshold else log(1+exp(beta*x))/beta``."""
     x = ctx.operand("self")
     ctx.require_float(x)
+    x = ctx.opmath(x)  # several operations: float32 for 16-bit inputs, one rounding
     beta, th = ctx.number("beta"), ctx.number("threshold")
     bx = lambda v: v if beta == 1 else mul(ctx.lit(beta), v)
     sp = lambda v: (lambda e: e if beta == 1 else div(e, ctx.lit(beta)))(call("log", add(ctx.lit(1), call("exp", bx(v)))))
@@ -250,6 +257,7 @@ def lower_celu(ctx):
     """``max(0,x) + min(0, alpha*(exp(x/alpha)-1))``."""
     x = ctx.operand("self")
     ctx.require_float(x)
+    x = ctx.opmath(x)  # several operations: float32 for 16-bit inputs, one rounding
     a = ctx.number("alpha")
     return ctx.map(lambda v: add(call("max", v, ctx.lit(0)), call("min", ctx.lit(0), mul(
         ctx.lit(a), sub(call("exp", div(v, ctx.lit(a))), ctx.lit(1))))), x)
