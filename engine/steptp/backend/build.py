@@ -101,8 +101,10 @@ _PARSED_SIZE = 512  # CPU and GPU forms of the candidates pending a batched nvcc
 def parse_tvmscript(text: str):
     """``tvm.script.from_source(text)`` -> the ``main`` PrimFunc (or the only one).
 
-    Parsing costs 10-150 ms, so the last 512 results are memoised by text (PrimFuncs are
-    immutable; ``with_attr`` returns a copy). Raises :class:`BuildError` with TVM's
+    Text of our lowering is built directly with TVM's IRBuilder
+    (:func:`steptp.backend.tirtext.build_primfunc`, structurally equal, about 2-3 ms per
+    corpus kernel); anything else goes through ``from_source`` (15-150 ms). The last 512
+    results are memoised by text (PrimFuncs are immutable; ``with_attr`` returns a copy). Raises :class:`BuildError` with TVM's
     diagnostic line when the text does not parse or fails TVM's well-formedness check."""
     hit = _PARSED.get(text)
     if hit is not None:
@@ -252,7 +254,9 @@ def build_cpu(text_or_module, signature: Signature | None = None, target: dict |
     * ``signature``: names parameters by their LEIR names and fixes the outputs; checked
       against the TIR parameter shapes/dtypes.
 
-    Cost: parse about 7 ms, ``tvm.compile`` 15-40 ms for small kernels (notes §5).
+    Cost: parse about 2 ms (:func:`parse_tvmscript`), ``tvm.compile`` 15-40 ms for small
+    kernels (notes §5) and the LLVM JIT at the first call about 20 ms
+    (:data:`VERIFY_PASS_CONFIG`).
     Raises :class:`LoweringError` (LEIR input) or :class:`BuildError` (parse/compile,
     with TVM's message). Source: ``tvm.script.from_source``, ``tvm.compile(..., target=llvm)``.
     """
