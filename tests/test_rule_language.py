@@ -507,3 +507,22 @@ L^{4}_{c=0}[E^{f32,g}_{c}=A^{f32,g}_{c,0}*2.0;];
     rf = {x.id: x for x in load_rules()}["reduction_factorization"]
     step = apply_rule(rf, m, params={"f": 2})
     assert len(step.after.program.nests) == 3
+
+
+def test_coverage_tries_only_candidates_the_gpu_preflight_accepts():
+    """A site whose rewrite the GPU preflight rejects (a threadIdx.x loop that would write
+    another iteration's elements) is not a step of the rule: stp apply --all does not list
+    it, the dataset never records it, and coverage neither tries it nor counts a failure."""
+    prog = load_leir(EXAMPLES / "conv_pair.leir")
+    r = next(x for x in load_rules() if x.id == "cache_read_write")
+    listed = list_candidates(r, prog)
+    rejected = []
+    for s, p in listed:
+        try:
+            apply_rule(r, prog, site=s, params=p)
+        except PreflightRejected:
+            rejected.append((s, p))
+    assert rejected, "conv_pair has a cache_read_write site the preflight rejects"
+    rows = coverage([r], [prog], per_program=2, trials=1)
+    assert rows[0].candidates == len(listed) - len(rejected)
+    assert rows[0].tried == rows[0].equal == 2 and not rows[0].failures
