@@ -716,7 +716,13 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
     ``sympy.simplify(before - after) == 0`` (or the difference already evaluates to 0), ``"disproved"`` when a 50-digit evaluation at seeded random
     points in (0.2, 1.8) differs by more than 1e-6 relative, else ``"unknown"`` (also when
     the two differ only by the rounding of a folded decimal constant) (time-out, unsupported
-    construct). Bounded by ``seconds``."""
+    construct). Bounded by ``seconds``.
+
+    Opaque subterms (``if_then_else``, comparisons...) are symbols, so two *different*
+    opaque subterms are not independent values: ``if_then_else(c, x, 0)`` against
+    ``if_then_else(c, x + y - y, 0)`` is checked branch by branch (same condition on both
+    sides: proved when both branches are, disproved when one is), and a difference that
+    keeps an opaque subterm found on one side only is never a disproof."""
     from .equiv import egglog_prove
 
     try:
@@ -724,6 +730,12 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
             return "proved"
     except Exception:  # noqa: BLE001 - the e-graph is only a fast path; sympy decides next
         pass
+    if isinstance(before, A.Call) and isinstance(after, A.Call) and before.func == after.func == "if_then_else" \
+            and before.args[0] == after.args[0]:
+        sides = [symbolic_check(x, y, seconds) for x, y in zip(before.args[1:], after.args[1:])]
+        if "disproved" in sides:
+            return "disproved"
+        return "proved" if all(r == "proved" for r in sides) else "unknown"
     table = SymbolTable()
     try:
         with time_limit(seconds):
@@ -731,7 +743,11 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
             d = b - a
             if d == 0 or sp.expand(d) == 0 or sp.simplify(d) == 0:
                 return "proved"
-            return "disproved" if _numeric_disagree(b, a, sorted(d.free_symbols, key=str)) else "unknown"
+            one_sided = {x for x in b.free_symbols ^ a.free_symbols if str(x).startswith("@")}
+            if one_sided:
+                return "unknown"
+            return "disproved" if _numeric_disagree(b, a, sorted(b.free_symbols | a.free_symbols, key=str)) \
+                else "unknown"
     except Exception:  # noqa: BLE001 - any failure leaves the question open
         return "unknown"
 
