@@ -61,9 +61,11 @@ def test_overflow_is_judged_on_new_subterms_in_the_dtype():
     assert introduces_overflow(MATMUL_EXP, (), "f32", old, parse_expr("exp(D^{f32,g}_{tx,a})"))
     assert not introduces_overflow(MATMUL_EXP, (), "f64", old, parse_expr("exp(D^{f32,g}_{tx,a}*0.1)"))
     assert introduces_overflow(MATMUL_EXP, (), "f16", old, parse_expr("exp(D^{f32,g}_{tx,a}*0.002)"))
-    # a subterm the original already has is not the rewrite's doing
-    assert not introduces_overflow(MATMUL_EXP, (), "f32", parse_expr("exp(D^{f32,g}_{tx,a})"),
-                                   parse_expr("exp(D^{f32,g}_{tx,a})*1.0"))
+    # a subterm the original already has is not the rewrite's doing; new arithmetic on it is
+    assert not introduces_overflow(MATMUL_EXP, (), "f32", parse_expr("exp(D^{f32,g}_{tx,a})*2.0"),
+                                   parse_expr("exp(D^{f32,g}_{tx,a})"))
+    assert introduces_overflow(MATMUL_EXP, (), "f32", parse_expr("exp(D^{f32,g}_{tx,a})"),
+                               parse_expr("exp(D^{f32,g}_{tx,a})*1.0"))
     # an unknown bound (a quotient) never rejects
     assert not introduces_overflow(SOFTMAX_OF_INPUTS, (), "f32", old, parse_expr("exp(C^{f32,g}_{tx,a})"))
 
@@ -99,3 +101,35 @@ B^{4}_{tx=0}L^{8}_{a=0}[C^{f32,g}_{tx,a}=exp(D^{f32,g}_{tx,a}*0.02-E^{f32,g}_{tx
         list_candidates(load_rule(RULES / "expand_powsimp.yaml"), prog)
     unfiltered = _without_filter("expand_powsimp", r"\n      no_overflow: true[^\n]*")
     assert list_candidates(unfiltered, prog)
+
+
+def test_a_normalised_value_is_bounded_and_a_mask_value_rejects_the_split():
+    """x / sqrt(var + eps) gets the bound |x| / sqrt(eps) (var is a sum of squares, so
+    non-negative); a causal mask's -inf has bound inf, so exp(c) of a masked score is
+    rejected: exp(-inf - -inf) = nan where the softmax was finite."""
+    prog = parse_leir("""% program: norm_mask
+% input A: f32[4,8]
+% input M: bool[8,8]
+% output C: f32[4,8,8]
+B^{4}_{tx=0}L^{8}_{a=0}[Z^{f32,g}_{tx}=Z^{f32,g}_{tx}+A^{f32,g}_{tx,a};];
+B^{4}_{tx=0}L^{8}_{a=0}[V^{f32,g}_{tx}=V^{f32,g}_{tx}+(A^{f32,g}_{tx,a}-Z^{f32,g}_{tx}/8.0)*(A^{f32,g}_{tx,a}-Z^{f32,g}_{tx}/8.0);];
+B^{4}_{tx=0}L^{8}_{a=0}[N^{f32,g}_{tx,a}=(A^{f32,g}_{tx,a}-Z^{f32,g}_{tx}/8.0)/sqrt(V^{f32,g}_{tx}/8.0+1e-05);];
+B^{4}_{tx=0}L^{8}_{a=0}L^{8}_{c=0}[S^{f32,g}_{tx,a,c}=if_then_else(M^{bool,g}_{a,c},-inf,N^{f32,g}_{tx,c});];
+B^{4}_{tx=0}L^{8}_{a=0}L^{8}_{c=0}[C^{f32,g}_{tx,a,c}=exp(S^{f32,g}_{tx,a,c}-N^{f32,g}_{tx,a});];
+""")
+    b = tensor_bounds(prog)
+    assert b["V"] == pytest.approx(8 * (FLOAT_INPUT_BOUND + 8 * FLOAT_INPUT_BOUND / 8) ** 2)
+    assert b["N"] == pytest.approx(2 * FLOAT_INPUT_BOUND / math.sqrt(1e-5))
+    assert b["S"] == math.inf
+    unfiltered = _without_filter("exponential_split", r"filter:\n  - no_overflow: \{terms: \[[^\]]*\]\}\n")
+    masked = [(s, p) for s, p in list_candidates(unfiltered, prog) if "name='S'" in repr(p["c"])]
+    assert masked, "without the filter a masked score is offered as c"
+    step = apply_rule(unfiltered, prog, site=masked[0][0], params=masked[0][1])
+    res = verify_pair(prog, step.after, trials=3, seed=0)
+    assert not res.equal and "inf/nan" in res.reason
+    shipped = load_rule(RULES / "exponential_split.yaml")
+    try:
+        kept = list_candidates(shipped, prog)
+    except NoMatch:
+        kept = []
+    assert not any("name='S'" in repr(p["c"]) for _, p in kept)

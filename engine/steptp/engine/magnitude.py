@@ -30,9 +30,10 @@ is unknown (normalised values, ``x/sum(...)``, are usually small: a quotient giv
 evidence of overflow either way).
 
 **The precondition.** :func:`introduces_overflow` is true when a new expression has a
-subterm that is not a subterm of the old one where an overflow starts: its known bound
-exceeds the largest finite value of the equation's dtype (:data:`DTYPE_MAX`) and its
-operands' do not (regrouping a term that already overflows is the original's business). An unknown bound does not reject:
+subterm that is not a subterm of the old one whose known bound exceeds the largest finite
+value of the equation's dtype (:data:`DTYPE_MAX`): a new term that may overflow, or new
+arithmetic on a value that may already be infinite (``-inf`` literals have bound ``inf``:
+a causal mask's ``-inf`` as ``c`` gives ``exp(-inf - -inf) = nan``). An unknown bound does not reject:
 the filter removes the rewrites with demonstrable overflow, and the verifier stays the
 judge of the rest. Rules use it as the candidate filter
 ``no_overflow: {terms: [...]}`` (templates filled with the site's bindings, e.g.
@@ -91,10 +92,65 @@ def _pow(b: float, p: float) -> float:
         return math.inf
 
 
-def expr_bound(e: A.Expr, bounds: dict[str, float], extents: dict[str, int]) -> float:
+def is_nonneg(e: A.Expr, nonneg: frozenset | set = frozenset()) -> bool:
+    """True when ``e`` is provably >= 0: a non-negative literal, a loop index, a tensor in
+    ``nonneg``, ``exp``/``sqrt``/``abs``, ``x*x``, and sums, products, quotients,
+    ``max``/``min`` of non-negative terms."""
+    if isinstance(e, (A.Int, A.Float)):
+        return e.value >= 0
+    if isinstance(e, A.Index):
+        return True
+    if isinstance(e, A.Tensor):
+        return e.name in nonneg
+    if isinstance(e, A.BinOp):
+        if e.op == "*" and e.lhs == e.rhs:
+            return True
+        if e.op in ("+", "*", "/"):
+            return is_nonneg(e.lhs, nonneg) and is_nonneg(e.rhs, nonneg)
+        return False
+    if isinstance(e, A.Call):
+        if e.func in ("exp", "sqrt", "abs"):
+            return True
+        if e.func in ("max", "min"):
+            return all(is_nonneg(a, nonneg) for a in e.args)
+        if e.func == "if_then_else":
+            return all(is_nonneg(a, nonneg) for a in e.args[1:])
+    return False
+
+
+def positive_lower_bound(e: A.Expr, bounds: dict[str, float], extents: dict[str, int],
+                         nonneg: frozenset | set = frozenset()) -> float:
+    """A lower bound ``> 0`` on ``e`` when one is provable, else 0: positive literals,
+    ``a + b`` with both non-negative (``var + eps``), products and literal quotients of such,
+    ``sqrt`` of one, ``exp(x)`` as ``e**-|x|``. It turns ``x / sqrt(var + 1e-5)`` into a finite
+    bound ``|x| / sqrt(1e-5)``, so values after a normalisation stay bounded."""
+    if isinstance(e, (A.Int, A.Float)):
+        return float(e.value) if e.value > 0 else 0.0
+    if isinstance(e, A.BinOp):
+        if e.op == "+" and is_nonneg(e.lhs, nonneg) and is_nonneg(e.rhs, nonneg):
+            return positive_lower_bound(e.lhs, bounds, extents, nonneg) + \
+                positive_lower_bound(e.rhs, bounds, extents, nonneg)
+        if e.op == "*":
+            return positive_lower_bound(e.lhs, bounds, extents, nonneg) * \
+                positive_lower_bound(e.rhs, bounds, extents, nonneg)
+        if e.op == "/" and isinstance(e.rhs, (A.Int, A.Float)) and e.rhs.value > 0:
+            return positive_lower_bound(e.lhs, bounds, extents, nonneg) / e.rhs.value
+        return 0.0
+    if isinstance(e, A.Call):
+        if e.func == "sqrt":
+            return math.sqrt(positive_lower_bound(e.args[0], bounds, extents, nonneg))
+        if e.func == "exp":
+            b = expr_bound(e.args[0], bounds, extents, nonneg)
+            return math.exp(-b) if math.isfinite(b) else 0.0
+    return 0.0
+
+
+def expr_bound(e: A.Expr, bounds: dict[str, float], extents: dict[str, int],
+               nonneg: frozenset | set = frozenset()) -> float:
     """Upper bound on ``|e|`` (a float; ``inf``: overflows a Python float, ``nan``: unknown)
-    given ``bounds`` (tensor name -> bound on its elements) and ``extents`` (loop index -> extent, so an index is at
-    most ``extent - 1``). Rules in the module docstring."""
+    given ``bounds`` (tensor name -> bound on its elements), ``extents`` (loop index ->
+    extent, so an index is at most ``extent - 1``) and ``nonneg`` (tensors known to be
+    >= 0, for divisors: :func:`positive_lower_bound`). Rules in the module docstring."""
     if isinstance(e, A.Int):
         return float(abs(e.value))
     if isinstance(e, A.Float):
@@ -105,19 +161,20 @@ def expr_bound(e: A.Expr, bounds: dict[str, float], extents: dict[str, int]) -> 
     if isinstance(e, A.Tensor):
         return bounds.get(e.name, UNKNOWN)
     if isinstance(e, A.Neg):
-        return expr_bound(e.operand, bounds, extents)
+        return expr_bound(e.operand, bounds, extents, nonneg)
     if isinstance(e, (A.Compare, A.BoolOp, A.Not)):
         return 1.0
     if isinstance(e, A.BinOp):
-        a = expr_bound(e.lhs, bounds, extents)
+        a = expr_bound(e.lhs, bounds, extents, nonneg)
         if e.op == "%":
-            return expr_bound(e.rhs, bounds, extents)
+            return expr_bound(e.rhs, bounds, extents, nonneg)
         if e.op in ("/", "//"):
             r = e.rhs
             if isinstance(r, (A.Int, A.Float)) and r.value != 0:
                 return a / abs(r.value) + (1.0 if e.op == "//" else 0.0)
-            return UNKNOWN
-        b = expr_bound(e.rhs, bounds, extents)
+            low = positive_lower_bound(r, bounds, extents, nonneg) if e.op == "/" else 0.0
+            return a / low if low > 0 else UNKNOWN
+        b = expr_bound(e.rhs, bounds, extents, nonneg)
         if e.op in ("+", "-"):
             return a + b
         if e.op == "*":
@@ -129,7 +186,7 @@ def expr_bound(e: A.Expr, bounds: dict[str, float], extents: dict[str, int]) -> 
         return UNKNOWN
     if isinstance(e, A.Call):
         f = e.func
-        args = [expr_bound(x, bounds, extents) for x in (e.args[1:] if f == "if_then_else" else e.args)]
+        args = [expr_bound(x, bounds, extents, nonneg) for x in (e.args[1:] if f == "if_then_else" else e.args)]
         if f == "exp":
             return _exp(args[0])
         if f == "sqrt":
@@ -163,10 +220,13 @@ def _accumulation(eq: A.Assign) -> tuple[str, A.Expr] | None:
     return None
 
 
-def _tensor_bounds_uncached(module) -> dict[str, float]:
+def _analyse(module) -> tuple[dict[str, float], frozenset]:
+    """(bounds, non-negative tensors) of :func:`tensor_bounds`, in one pass."""
     sig = module.signature
     largest_dim = max((d for t in sig.tensors for d in t.shape), default=1)
     bounds: dict[str, float] = {}
+    nonneg: set[str] = set()
+    written: set[str] = set()
     for t in sig.tensors:
         if t.is_output:
             continue
@@ -181,30 +241,45 @@ def _tensor_bounds_uncached(module) -> dict[str, float]:
         acc = _accumulation(eq)
         if acc is not None:
             op, e = acc
-            b = expr_bound(e, bounds, extents)
+            b = expr_bound(e, bounds, extents, nonneg)
             if op == "+":
                 new = prev + _mul(float(reduce_extent), b)
             elif op == "max":
                 new = _max((prev, b))
             else:  # X = X * e: the running product over the reduction
                 new = _mul(_max((prev, 1.0)), _pow(b, float(reduce_extent)))
+            keeps_sign = is_nonneg(e, nonneg) and (x.name in nonneg or x.name not in written)
         elif any(isinstance(y, A.Tensor) and y.name == x.name for y in A.walk(eq.value)):
-            new = expr_bound(eq.value, bounds, extents) if reduce_extent == 1 else UNKNOWN
+            new = expr_bound(eq.value, bounds, extents, nonneg) if reduce_extent == 1 else UNKNOWN
+            keeps_sign = False
         else:
-            new = _max((prev, expr_bound(eq.value, bounds, extents)))
+            new = _max((prev, expr_bound(eq.value, bounds, extents, nonneg)))
+            keeps_sign = is_nonneg(eq.value, nonneg) and (x.name in nonneg or x.name not in written)
         bounds[x.name] = new
-    return bounds
+        if keeps_sign:
+            nonneg.add(x.name)
+        else:
+            nonneg.discard(x.name)
+        written.add(x.name)
+    return bounds, frozenset(nonneg)
 
 
 _BOUNDS = IdentityMemo()
 
 
+def _analysis(module) -> tuple[dict[str, float], frozenset]:
+    return _BOUNDS.get((module.program, module.signature), lambda: _analyse(module))
+
+
 def tensor_bounds(module) -> dict[str, float]:
     """Upper bound on ``|x|`` for every element of every tensor of ``module`` (a
     :class:`~steptp.leir.fileformat.LeirModule`) under the verifier's inputs, as
-    ``{name: float}`` (``inf``: overflows a Python float, ``nan``: unknown); rules in the module docstring. Memoised per
-    (program, signature) object: a rule asks once per candidate."""
-    return _BOUNDS.get((module.program, module.signature), lambda: _tensor_bounds_uncached(module))
+    ``{name: float}`` (``inf``: overflows a Python float, ``nan``: unknown); rules in the
+    module docstring. Intermediates (zero-initialised) are tracked as non-negative where
+    every write is (sums of squares, exponentials), which gives a normalisation's divisor
+    ``sqrt(var + eps)`` a positive lower bound. Memoised per (program, signature) object: a
+    rule asks once per candidate."""
+    return _analysis(module)[0]
 
 
 def _subterms(e: A.Expr) -> list[A.Expr]:
@@ -212,22 +287,20 @@ def _subterms(e: A.Expr) -> list[A.Expr]:
 
 
 def introduces_overflow(module, loops: tuple[A.Loop, ...], dtype: str, old: A.Expr, new: A.Expr) -> bool:
-    """True when ``new`` has a subterm that ``old`` does not have where an overflow starts:
-    its known magnitude bound (:func:`expr_bound` with :func:`tensor_bounds`, loop indices
-    bounded by ``loops``) exceeds :data:`DTYPE_MAX` of ``dtype`` (a LEIR float dtype code;
-    other dtypes: always False) and none of its operands' does. An unknown (``nan``) bound
-    never exceeds it; subterms ``old`` already has are the original program's business."""
+    """True when ``new`` has a subterm that ``old`` does not have whose known magnitude
+    bound (:func:`expr_bound` with :func:`tensor_bounds`, loop indices bounded by ``loops``)
+    exceeds :data:`DTYPE_MAX` of ``dtype`` (a LEIR float dtype code; other dtypes: always
+    False): it may overflow, or it computes with a value that may be infinite (a ``-inf``
+    mask or running-max start, whose bound is ``inf``), where real-number identities fail
+    (``inf - inf``, ``0 * inf``). An unknown (``nan``) bound never exceeds it; subterms
+    ``old`` already has are the original program's business."""
     limit = DTYPE_MAX.get(dtype)
     if limit is None:
         return False
-    bounds = tensor_bounds(module)
+    bounds, nonneg = _analysis(module)
     extents = {l.var: l.extent for l in loops}
     seen = set(_subterms(old))
-
-    def over(t: A.Expr) -> bool:
-        return expr_bound(t, bounds, extents) > limit
-
-    return any(over(t) and not any(over(c) for c in A.children(t)) for t in _subterms(new) if t not in seen)
+    return any(expr_bound(t, bounds, extents, nonneg) > limit for t in _subterms(new) if t not in seen)
 
 
 def site_loops(module, ref: EqRef) -> tuple[A.Loop, ...]:
@@ -260,5 +333,6 @@ def filter_no_overflow(module, env, terms):
     return True
 
 
-__all__ = ["UNKNOWN", "FLOAT_INPUT_BOUND", "INT_INPUT_BOUND", "DTYPE_MAX", "expr_bound", "tensor_bounds", "introduces_overflow",
+__all__ = ["UNKNOWN", "FLOAT_INPUT_BOUND", "INT_INPUT_BOUND", "DTYPE_MAX", "expr_bound", "is_nonneg",
+           "positive_lower_bound", "tensor_bounds", "introduces_overflow",
            "site_loops", "filter_no_overflow"]
