@@ -20,8 +20,10 @@ interval reasoning on magnitudes in program order:
   ``|value|`` (the maximum with earlier writes of the same tensor);
 * expressions: ``|a+b| <= |a|+|b|``, ``|a*b| <= |a||b|``, ``exp`` of a bound ``B`` is
   ``e**B`` (``inf`` past the float range), ``tanh``/``erf``/``sigmoid`` are 1, a loop index is
-  its extent; a quotient by anything but a non-zero literal, ``log`` and other functions
-  have an *unknown* bound (``nan``), and so has everything computed from them.
+  its extent, ``-inf`` is ``inf``; a quotient is ``|a| / low`` where the divisor has a
+  provable positive lower bound ``low`` (a literal, ``sqrt(var + eps)`` with ``var`` a sum of
+  squares: :func:`positive_lower_bound`), else, like ``log`` and other functions, it has an
+  *unknown* bound (``nan``), and so has everything computed from it.
 
 The bounds are worst cases, not estimates; with the verifier's all-positive trials a sum of
 ``R`` products really does reach a good fraction of ``R * |a| * |b|``, so they are rarely far
