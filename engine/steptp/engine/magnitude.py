@@ -19,7 +19,7 @@ interval reasoning on magnitudes in program order:
   ``min`` takes ``|e|``; ``X = X * e`` multiplies by ``|e|**R``; any other equation gives
   ``|value|`` (the maximum with earlier writes of the same tensor);
 * expressions: ``|a+b| <= |a|+|b|``, ``|a*b| <= |a||b|``, ``exp`` of a bound ``B`` is
-  ``e**B`` (``inf`` past the float range), ``tanh``/``erf``/``sigmoid`` are 1, a loop index is
+  ``e**B`` (``inf`` past the float range), ``tanh``/``erf`` are 1, a loop index is
   its extent, ``-inf`` is ``inf``; a quotient is ``|a| / low`` where the divisor has a
   provable positive lower bound ``low`` (a literal, ``sqrt(var + eps)`` with ``var`` a sum of
   squares: :func:`positive_lower_bound`), else, like ``log`` and other functions, it has an
@@ -35,9 +35,9 @@ evidence of overflow either way).
 subterm that is not a subterm of the old one whose known bound exceeds the largest finite
 value of the equation's dtype (:data:`DTYPE_MAX`): a new term that may overflow, or new
 arithmetic on a value that may already be infinite (``-inf`` literals have bound ``inf``:
-a causal mask's ``-inf`` as ``c`` gives ``exp(-inf - -inf) = nan``). An unknown bound does not reject:
-the filter removes the rewrites with demonstrable overflow, and the verifier stays the
-judge of the rest. Rules use it as the candidate filter
+a causal mask's ``-inf`` as ``c`` gives ``exp(-inf - -inf) = nan``). An unknown bound
+does not reject: the filter removes the rewrites with demonstrable overflow, and the
+verifier stays the judge of the rest. Rules use it as the candidate filter
 ``no_overflow: {terms: [...]}`` (templates filled with the site's bindings, e.g.
 ``["exp(?c)", "exp(?x-?c)"]``) or as the option ``no_overflow: true`` of the
 ``normal_form`` filter (the normal form itself is the new expression).
@@ -61,10 +61,10 @@ INT_INPUT_BOUND = 9.0
 DTYPE_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
              "f64": 1.7976931348623157e308}
 
-_BOUNDED_ONE = {"tanh", "erf", "sigmoid", "sin", "cos"}
-
-
+#: the bound "unknown" (see the module docstring)
 UNKNOWN = math.nan
+
+_BOUNDED_ONE = {"tanh", "erf"}
 
 
 def _mul(a: float, b: float) -> float:

@@ -270,9 +270,9 @@ def coverage(rules, programs: list[LeirModule], per_program: int = 3, seed: int 
     program (:func:`steptp.verify.verify_pair`, ``trials`` seeded trials) and count.
 
     The candidates are those ``stp apply --all`` lists (``list_candidates(check=True)``):
-    a site whose rewrite the GPU preflight rejects (e.g. a thread binding under a loop
-    already bound to the same axis) is not a step of the rule, so it is neither tried nor
-    a failure."""
+    a site whose rewrite the GPU preflight rejects (e.g. a threadIdx.x loop that would
+    write elements other iterations write) is not a step of the rule, so it is neither
+    tried nor a failure."""
     import random
 
     from ..engine import NoMatch, apply_rule, list_candidates
