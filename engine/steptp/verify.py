@@ -163,16 +163,21 @@ def _rms(x: np.ndarray) -> float:
     return m * float(np.sqrt(np.mean(np.square(x / m))))
 
 
+def _error_and_bound(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float, slack: float):
+    """``(finite, |r - o|, allowed)`` per element (0 error where either side is not finite):
+    ``allowed = a_tol * max(1, rms(ref)) + r_tol * |ref| + slack`` (the tolerance rule of
+    :func:`compare`, shared with the mismatch message)."""
+    finite = np.isfinite(r) & np.isfinite(o)
+    scale = max(1.0, _rms(r[np.isfinite(r)]))
+    d = np.where(finite, np.abs(r - o), 0.0)
+    return finite, d, a_tol * scale + r_tol * np.abs(np.where(finite, r, 0.0)) + slack
+
+
 def _compare_float(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float,
                    slack: float = 0.0) -> tuple[bool, float, float]:
-    both_nan = np.isnan(r) & np.isnan(o)
-    finite = np.isfinite(r) & np.isfinite(o)
-    same = both_nan | (r == o)
+    finite, d, allowed = _error_and_bound(r, o, r_tol, a_tol, slack)
+    same = (np.isnan(r) & np.isnan(o)) | (r == o)
     special_bad = ~same & ~finite
-    fin_ref = r[np.isfinite(r)]
-    scale = max(1.0, _rms(fin_ref))
-    d = np.where(finite, np.abs(r - o), 0.0)
-    allowed = a_tol * scale + r_tol * np.abs(np.where(finite, r, 0.0)) + slack
     ok = bool(np.all(same | (finite & (d <= allowed))))
     if special_bad.any():
         return False, math.inf, math.inf
@@ -192,10 +197,7 @@ def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, co
                 f"{idx} (ref {r[idx]!r}, got {o[idx]!r})")
     rt, at = TOLERANCES[code]
     with np.errstate(invalid="ignore", over="ignore"):
-        finite = np.isfinite(r) & np.isfinite(o)
-        d = np.where(finite, np.abs(r - o), 0.0)
-        scale = max(1.0, _rms(r[np.isfinite(r)]))
-        allowed = at * scale + rt * np.abs(np.where(finite, r, 0.0)) + slack
+        finite, d, allowed = _error_and_bound(r, o, rt, at, slack)
         excess = np.where(finite, d - allowed, -np.inf)
     failing = excess > 0
     n = int(failing.sum())

@@ -48,8 +48,9 @@ from __future__ import annotations
 import math
 
 from ..leir import ast as A
+from ..leir.analysis import self_reference_kind
 from .filters import candidate_filter
-from .navigation import IdentityMemo
+from .navigation import IdentityMemo, enclosing_loops
 from .primitives import EqRef, get_item
 
 #: bound on |x| of a floating point input, param or constant under the verifier's draws
@@ -204,22 +205,17 @@ def expr_bound(e: A.Expr, bounds: dict[str, float], extents: dict[str, int],
 
 
 def _accumulation(eq: A.Assign) -> tuple[str, A.Expr] | None:
-    """``(op, e)`` for ``X = X + e`` (also ``e + X``, ``X - e``, chains), ``X = X * e``,
-    ``X = max(X, e)`` / ``min``; None otherwise."""
-    from .algebra import accumulation
+    """``(kind, e)`` for an accumulation ``X = X op e``: ``kind`` as
+    :func:`steptp.leir.analysis.self_reference_kind` (``sum``, ``prod``, ``max``, ``min``)
+    and ``e`` the accumulated term (:func:`steptp.engine.algebra.algebraic_target`); None
+    otherwise, and when ``X`` cannot be separated from the term (``a - b + X``)."""
+    from .algebra import algebraic_target  # sympy is imported on first use
 
-    acc = accumulation(eq)
-    if acc is not None:
-        return acc
-    v, x = eq.value, eq.target
-    if isinstance(v, A.BinOp) and v.op in ("+", "-", "*"):
-        if v.lhs == x:
-            return ("*" if v.op == "*" else "+"), v.rhs
-        if v.rhs == x and v.op != "-":
-            return v.op, v.lhs
-    if isinstance(v, A.Call) and v.func in ("max", "min") and len(v.args) == 2 and x in v.args:
-        return "max", v.args[1] if v.args[0] == x else v.args[0]
-    return None
+    kind = self_reference_kind(eq)
+    if kind is None:
+        return None
+    e = algebraic_target(eq)[1]
+    return None if any(y == eq.target for y in A.walk(e)) else (kind, e)
 
 
 def _analyse(module) -> tuple[dict[str, float], frozenset]:
@@ -244,9 +240,9 @@ def _analyse(module) -> tuple[dict[str, float], frozenset]:
         if acc is not None:
             op, e = acc
             b = expr_bound(e, bounds, extents, nonneg)
-            if op == "+":
+            if op == "sum":
                 new = prev + _mul(float(reduce_extent), b)
-            elif op == "max":
+            elif op in ("max", "min"):
                 new = _max((prev, b))
             else:  # X = X * e: the running product over the reduction
                 new = _mul(_max((prev, 1.0)), _pow(b, float(reduce_extent)))
@@ -284,10 +280,6 @@ def tensor_bounds(module) -> dict[str, float]:
     return _analysis(module)[0]
 
 
-def _subterms(e: A.Expr) -> list[A.Expr]:
-    return list(A.walk(e))
-
-
 def introduces_overflow(module, loops: tuple[A.Loop, ...], dtype: str, old: A.Expr, new: A.Expr) -> bool:
     """True when ``new`` has a subterm that ``old`` does not have whose known magnitude
     bound (:func:`expr_bound` with :func:`tensor_bounds`, loop indices bounded by ``loops``)
@@ -301,19 +293,8 @@ def introduces_overflow(module, loops: tuple[A.Loop, ...], dtype: str, old: A.Ex
         return False
     bounds, nonneg = _analysis(module)
     extents = {l.var: l.extent for l in loops}
-    seen = set(_subterms(old))
-    return any(expr_bound(t, bounds, extents, nonneg) > limit for t in _subterms(new) if t not in seen)
-
-
-def site_loops(module, ref: EqRef) -> tuple[A.Loop, ...]:
-    """The loops enclosing the equation at ``ref`` (outermost first)."""
-    prog = module.program
-    node = prog.nests[ref.path[0]]
-    loops = node.loops
-    for i in ref.path[1:-1]:
-        node = node.body[i]
-        loops += node.loops
-    return loops
+    seen = set(A.walk(old))
+    return any(expr_bound(t, bounds, extents, nonneg) > limit for t in A.walk(new) if t not in seen)
 
 
 @candidate_filter("no_overflow", required=("terms",))
@@ -327,7 +308,7 @@ def filter_no_overflow(module, env, terms):
     if not isinstance(ref, EqRef):
         return True
     eq = get_item(module.program, ref.path)
-    loops = site_loops(module, ref)
+    loops = enclosing_loops(module.program, ref.path)
     for src in terms:
         new = instantiate(parse_expr_pattern(src), env)
         if introduces_overflow(module, loops, eq.target.dtype, eq.value, new):
@@ -337,4 +318,4 @@ def filter_no_overflow(module, env, terms):
 
 __all__ = ["UNKNOWN", "FLOAT_INPUT_BOUND", "INT_INPUT_BOUND", "DTYPE_MAX", "expr_bound", "is_nonneg",
            "positive_lower_bound", "tensor_bounds", "introduces_overflow",
-           "site_loops", "filter_no_overflow"]
+           "filter_no_overflow"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 from ..leir import ast as A
 from ..leir.printer import format_expr
 from .filters import candidate_filter, extra_domain
-from .navigation import IdentityMemo
+from .navigation import IdentityMemo, enclosing_loops
 from .primitives import (Change, EqRef, EvalContext, RewriteContext, RewriteError, ValueExprError, eval_value,
                          get_item, primitive, replace_item)
 
@@ -140,7 +140,7 @@ def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_t
     ``no_overflow: true`` the normal form must also not introduce a subterm that may
     overflow the equation's dtype (:func:`steptp.engine.magnitude.introduces_overflow`)."""
     from . import algebra as G
-    from .magnitude import introduces_overflow, site_loops
+    from .magnitude import introduces_overflow
 
     eq = _equation(module, env)
     if eq.target.dtype not in G.FLOAT_DTYPES:
@@ -158,7 +158,7 @@ def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_t
             if G.normal_form(target, other, a) == res:
                 return False
     if no_overflow and isinstance(env.get("eq"), EqRef) and \
-            introduces_overflow(module, site_loops(module, env["eq"]), eq.target.dtype, target, res):
+            introduces_overflow(module, enclosing_loops(module.program, env["eq"].path), eq.target.dtype, target, res):
         return False
     return True
 
@@ -219,15 +219,6 @@ def domain_exp_factors_of(spec: dict, ctx: EvalContext) -> list:
     from . import algebra as G
 
     return G.exp_factors(_target_of(ctx.module, ctx.env, eval_value(spec["exp_factors_of"], ctx)))
-
-
-def _enclosing_loops(prog: A.Program, path: tuple[int, ...]) -> tuple[A.Loop, ...]:
-    node = prog.nests[path[0]]
-    loops = node.loops
-    for i in path[1:-1]:
-        node = node.body[i]
-        loops += node.loops
-    return loops
 
 
 def _writers(prog: A.Program) -> dict[str, set[int]]:
@@ -320,7 +311,7 @@ def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -
             or any(x == eq.target for x in A.walk(term)):
         return []  # never the accumulator (nor a term containing it): X = max(X, f) keeps its form
     top = ref.path[0]
-    loops = {l.var: l.extent for l in _enclosing_loops(prog, ref.path)}
+    loops = {l.var: l.extent for l in enclosing_loops(prog, ref.path)}
     writers = _writers(prog)
     avoided = _tainted(prog, set(avoid))
     out: list[A.Expr] = []

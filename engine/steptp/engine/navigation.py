@@ -97,6 +97,17 @@ def get_item(prog: A.Program, path: tuple[int, ...]):
         raise RewriteError(f"no nest or equation at path {_fmt_path(path)}") from None
 
 
+def enclosing_loops(prog: A.Program, path: tuple[int, ...]) -> tuple[A.Loop, ...]:
+    """The loops enclosing the item (equation or nest) at ``path``, outermost first: those
+    of every nest on the path above it."""
+    node = prog.nests[path[0]]
+    loops = node.loops
+    for i in path[1:-1]:
+        node = node.body[i]
+        loops += node.loops
+    return loops
+
+
 def get_nest(prog: A.Program, path: tuple[int, ...]) -> A.Nest:
     """The nest at ``path``; :class:`RewriteError` if absent or an equation."""
     n = get_item(prog, path)

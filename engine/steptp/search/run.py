@@ -353,14 +353,11 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
                 pass  # an unreadable summary: search again
         try:
             summaries.append(search_program(path, d, cfg, client=client, rules=rules))
-        except SearchInputError as e:
+        except Exception as e:  # noqa: BLE001 - one program's failure must not stop the others
             if on_error is None or len(paths) == 1:
                 raise
-            on_error(path, str(e))
-        except Exception as e:  # noqa: BLE001 - one program's unexpected failure must not stop the others
-            if on_error is None or len(paths) == 1:
-                raise
-            on_error(path, f"{path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            on_error(path, str(e) if isinstance(e, SearchInputError)
+                     else f"{path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
     write_report(out)
     return summaries
 
