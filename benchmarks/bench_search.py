@@ -4,7 +4,7 @@ Runs one search per program (default: greedy + engine policy, 10 iterations, on
 examples/softmax.leir and examples/matmul.leir) and prints, per program and in total, the
 samples, the wall time, samples per second and the seconds spent proposing (rule matching
 and application in the engine worker), verifying (verify_pair against the root, 3 trials,
-worker process) and timing (steptp.backend.timing.measure). The rest of the wall time is
+worker process) and timing (steptp.runner.timing.measure). The rest of the wall time is
 start-up (rules, worker processes, root timing) and bookkeeping.
 
     python benchmarks/bench_search.py [PROGRAM...] [--algorithm greedy] [--iterations 10]

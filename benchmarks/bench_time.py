@@ -3,7 +3,7 @@ so that speedups can be compared across commits.
 
 Each pair: the program (a bundled example, or the larger built-in ``matmul_big``), the rule
 applied once with ``steptp.engine.apply_rule(rule, module, seed=0)``, both timed with
-``steptp.backend.timing.measure`` (performance build: LLVM opt-level 3, P loops parallel, V
+``steptp.runner.timing.measure`` (performance build: LLVM opt-level 3, P loops parallel, V
 loops vectorized, bound loops serial; seeded inputs; 3 warm-up calls; TVM time_evaluator
 with --repeat measurements of at least --min-repeat-ms each). Prints median and IQR in
 microseconds per call and the speedup (original median / transformed median, paper App.
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from steptp.backend.errors import BackendError
-    from steptp.backend.timing import measure, speedup
+    from steptp.runner.timing import measure, speedup
     from steptp.engine import NoMatch, apply_rule
     from steptp.leir import load_leir, parse_leir
     from steptp.rules import load_rule

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from steptp.backend import cuda_runtime as cr
-from steptp.backend.timing import Timing, cache_info, clear_cache, measure, speedup, summarize
+from steptp.runner.timing import Timing, cache_info, clear_cache, measure, speedup, summarize
 from steptp.cli import app
 from steptp.engine import apply_rule
 from steptp.leir import load_leir, parse_leir, save_leir

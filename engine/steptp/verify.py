@@ -51,163 +51,17 @@ from .backend.errors import BackendError, BuildError, ExecError, LoweringError
 from .backend.hardware import DEFAULT_GPU, GpuLimits
 from .backend.preflight import preflight
 from .backend.tvmscript import lower_module, tvm_dtype
+from .runner.inputs import TensorSpec, ordered_arrays, random_arrays
 from .leir import ast as A
 from .leir.analysis import analyze, equation_instances, interval, tensor_refs, LeirSemanticError
 from .leir.fileformat import LeirModule, Signature, parse_leir
 from .leir.parser import LeirSyntaxError
 from .leir.printer import format_program
 
-# ---------------------------------------------------------------------------
-# Tolerances
-# ---------------------------------------------------------------------------
-
-#: Per-dtype ``(rtol, atol)``. An element passes when
-#: ``|out - ref| <= atol * scale + rtol * |ref|`` with ``scale = max(1, rms(ref))`` (the
-#: root mean square of the finite reference values of that output). Equal infinities and
-#: NaN == NaN pass; any other non-finite mismatch fails. Integers and booleans must be equal.
-#:
-#: Why the ``scale``: the absolute rounding error of a reduction grows with the magnitude of
-#: what it sums, so a fixed atol rejects correct reorderings of long reductions at outputs
-#: that happen to be near zero; scaling by the output's typical magnitude keeps the test
-#: relative to the data (e.g. f32 matmul with K=2022: rms ~45, errors ~1e-4).
-#:
-#: Stricter than the paper's code (reference-notes §4), which passes a whole output when ANY
-#: of: max relative error <= 5e-3, max abs error <= 1e-7, MSE <= 1e-5, or (f32) max abs
-#: error < 1e-3, or (f16) max abs error < 1.5. Here every element of every trial must pass
-#: (no MSE escape hatch: one wrong element fails), and the per-element bound is far below
-#: theirs for outputs with rms(ref) <= 100: f32 allows 1e-5*scale + 1e-4*|ref| (theirs 1e-3
-#: absolute or 5e-3 relative), f16 1e-2*scale + 1e-2*|ref| (theirs 1.5 absolute), f64
-#: 1e-10*scale + 1e-9*|ref| (theirs 5e-3 relative).
-TOLERANCES: dict[str, tuple[float, float]] = {
-    "f64": (1e-9, 1e-10),
-    "f32": (1e-4, 1e-5),
-    "f16": (1e-2, 1e-2),
-    "bf16": (4e-2, 4e-2),
-    "i8": (0.0, 0.0), "i16": (0.0, 0.0), "i32": (0.0, 0.0), "i64": (0.0, 0.0),
-    "u8": (0.0, 0.0), "u16": (0.0, 0.0), "u32": (0.0, 0.0), "u64": (0.0, 0.0),
-    "bool": (0.0, 0.0),
-}
-
-_NP_TO_CODE = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16", "bool": "bool",
-               "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
-               "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64"}
-
-
-def dtype_code(dtype) -> str:
-    """LEIR dtype code of a LEIR code, TVM name or numpy dtype (``float32`` -> ``f32``)."""
-    s = str(dtype)
-    if s in TOLERANCES:
-        return s
-    s = str(np.dtype(dtype)) if s not in _NP_TO_CODE else s
-    if s not in _NP_TO_CODE:
-        raise ValueError(f"no tolerance for dtype {dtype!r}")
-    return _NP_TO_CODE[s]
-
-
-def _to_numpy(x) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch tensor
-        x = x.detach().cpu()
-        if str(x.dtype) == "torch.bfloat16":
-            x = x.float()
-        x = x.numpy()
-    return np.asarray(x)
-
-
-def compare(ref, out, dtype, rtol: float | None = None, atol: float | None = None,
-            slack: float = 0.0) -> tuple[bool, float, float]:
-    """Compare one output with its reference.
-
-    * ``ref``, ``out``: arrays (numpy, or anything ``np.asarray`` takes; torch tensors are
-      detached) of the same shape; compared in float64.
-    * ``dtype``: the output's dtype (LEIR code ``f32``, TVM/numpy name or dtype); selects
-      ``(rtol, atol)`` from :data:`TOLERANCES` unless given.
-    * ``slack``: an absolute allowance added to every element's bound (see
-      :func:`rounding_slack`: the original program's own rounding error).
-
-    Returns ``(ok, max_abs_err, max_rel_err)``: ``max_abs_err = max|out-ref|`` over elements
-    where both are finite; ``max_rel_err = max |out-ref| / (|ref| + 1e-8)`` (the paper code's
-    definition, so numbers are comparable); both are ``inf`` when the non-finite patterns
-    differ (NaN vs number, +inf vs -inf...) or the shapes differ. NaN == NaN and equal
-    infinities count as equal. Integer/bool outputs must match exactly.
-    """
-    code = dtype_code(dtype)
-    r_tol, a_tol = TOLERANCES[code]
-    r_tol = r_tol if rtol is None else rtol
-    a_tol = a_tol if atol is None else atol
-    ref = _to_numpy(ref)
-    out = _to_numpy(out)
-    if ref.shape != out.shape:
-        return False, math.inf, math.inf
-    if ref.size == 0:
-        return True, 0.0, 0.0
-    r = ref.astype(np.float64)
-    o = out.astype(np.float64)
-    if code == "bool" or code[0] in "iu":
-        if code == "bool":
-            eq = ref.astype(bool) == out.astype(bool)
-        else:
-            eq = ref.astype(np.int64) == out.astype(np.int64)
-        d = np.abs(r - o)
-        return bool(eq.all()), float(d.max()), float((d / (np.abs(r) + 1e-8)).max())
-    with np.errstate(invalid="ignore", over="ignore"):
-        return _compare_float(r, o, r_tol, a_tol, slack)
-
-
-def _rms(x: np.ndarray) -> float:
-    """Root mean square without overflow (values near the float64 limit stay finite)."""
-    if x.size == 0:
-        return 0.0
-    m = float(np.max(np.abs(x)))
-    if m == 0.0:
-        return 0.0
-    return m * float(np.sqrt(np.mean(np.square(x / m))))
-
-
-def _error_and_bound(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float, slack: float):
-    """``(finite, |r - o|, allowed)`` per element (0 error where either side is not finite):
-    ``allowed = a_tol * max(1, rms(ref)) + r_tol * |ref| + slack`` (the tolerance rule of
-    :func:`compare`, shared with the mismatch message)."""
-    finite = np.isfinite(r) & np.isfinite(o)
-    scale = max(1.0, _rms(r[np.isfinite(r)]))
-    d = np.where(finite, np.abs(r - o), 0.0)
-    return finite, d, a_tol * scale + r_tol * np.abs(np.where(finite, r, 0.0)) + slack
-
-
-def _compare_float(r: np.ndarray, o: np.ndarray, r_tol: float, a_tol: float,
-                   slack: float = 0.0) -> tuple[bool, float, float]:
-    finite, d, allowed = _error_and_bound(r, o, r_tol, a_tol, slack)
-    same = (np.isnan(r) & np.isnan(o)) | (r == o)
-    special_bad = ~same & ~finite
-    ok = bool(np.all(same | (finite & (d <= allowed))))
-    if special_bad.any():
-        return False, math.inf, math.inf
-    return ok, float(d.max()), float((d / (np.abs(np.where(finite, r, 0.0)) + 1e-8)).max())
-
-
-def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, code: str, slack: float = 0.0) -> str:
-    r = _to_numpy(ref).astype(np.float64)
-    o = _to_numpy(out).astype(np.float64)
-    if r.shape != o.shape:
-        return f"output {name} has shape {list(o.shape)}, reference {list(r.shape)} (trial {trial})"
-    bad_special = ~((np.isnan(r) & np.isnan(o)) | (r == o)) & ~(np.isfinite(r) & np.isfinite(o))
-    if bad_special.any():
-        idx = tuple(int(i) for i in np.argwhere(bad_special)[0])
-        n = int(bad_special.sum())
-        return (f"output {name} differs in trial {trial}: {n} element(s) with mismatched inf/nan, first at "
-                f"{idx} (ref {r[idx]!r}, got {o[idx]!r})")
-    rt, at = TOLERANCES[code]
-    with np.errstate(invalid="ignore", over="ignore"):
-        finite, d, allowed = _error_and_bound(r, o, rt, at, slack)
-        excess = np.where(finite, d - allowed, -np.inf)
-    failing = excess > 0
-    n = int(failing.sum())
-    # the element that fails the tolerance by the widest margin (not merely the largest error)
-    flat = int(np.argmax(excess)) if n else int(np.argmax(d))
-    idx = tuple(int(i) for i in np.unravel_index(flat, d.shape)) if d.ndim else ()
-    return (f"output {name} differs in trial {trial}: {n} element(s) outside the tolerance, worst at {idx} "
-            f"(ref {r[idx]:.9g}, got {o[idx]:.9g}, abs error {float(d[idx]):.3g} > allowed {float(allowed[idx]):.3g}); "
-            f"tolerance {code} rtol={rt:g} atol={at:g}*max(1,rms)"
-            + (f" + the original's own rounding error allowance {slack:.3g}" if slack else ""))
+# Tolerances: the one rule lives in steptp.runner.tolerance (it also runs on GPU nodes that
+# have only numpy); re-exported here.
+from .runner.tolerance import (TOLERANCES, _compare_float, _error_and_bound, _mismatch_detail, _rms,  # noqa: E402,F401
+                               _to_numpy, compare, dtype_code)
 
 
 def poisoned_elements(outputs: Mapping[str, np.ndarray], signature: Signature) -> str:
@@ -340,33 +194,13 @@ def random_inputs(signature: Signature, seed: int = 0, trial: int = 0,
     ``(signature, seed, trial, programs)`` gives bit-identical arrays
     (``np.random.default_rng([seed, trial])``, tensors drawn in header order).
     """
-    rng = np.random.default_rng([int(seed), int(trial)])
-    kind = trial % 3
     bounds = index_bounds(signature, programs) if programs else {}
-    out: dict[str, np.ndarray] = {}
-    for t in signature.tensors:
-        if t.is_output:
-            continue
-        dt = np_dtype(tvm_dtype(t.dtype))
-        shape = tuple(t.shape)
-        if t.dtype == "bool":
-            x = rng.random(shape) < 0.5
-        elif t.dtype[0] in "iu":
-            if t.name in bounds:
-                x = rng.integers(0, bounds[t.name], size=shape)
-            elif kind == 1 or t.dtype[0] == "u":
-                x = rng.integers(1, 9, size=shape)
-            else:
-                x = rng.integers(1, 9, size=shape) * np.where(rng.random(shape) < 0.5, -1, 1)
-        else:
-            if kind == 0:
-                x = rng.uniform(-2.0, 2.0, size=shape)
-            elif kind == 1:
-                x = rng.uniform(0.1, 2.0, size=shape)
-            else:
-                x = rng.standard_normal(size=shape)
-        out[t.name] = np.asarray(x).astype(dt)
-    return out
+    return random_arrays(tensor_specs(signature), seed, trial, bounds)
+
+
+def tensor_specs(signature: Signature) -> list[TensorSpec]:
+    """The known tensors of ``signature`` as :class:`steptp.runner.inputs.TensorSpec` (header order)."""
+    return [TensorSpec(t.name, tuple(int(s) for s in t.shape), t.dtype, t.is_output) for t in signature.tensors]
 
 
 #: Ordered trials :func:`verify_pair` runs after the random ones: inputs increasing along
@@ -389,20 +223,8 @@ def ordered_inputs(signature: Signature, seed: int = 0, direction: int = 1,
     ``1.9 / (r (n_k - 1))``: distinct in f32/f64; in f16/bf16 long axes may round to ties.
     Integer, boolean and index tensors are drawn as in :func:`random_inputs` (trial kind 1).
     Deterministic for ``(signature, seed, direction, programs)``."""
-    trial = 4 if direction > 0 else 7  # ints and bools as random trial kind 1 (trial % 3 == 1)
-    out = random_inputs(signature, seed, trial, programs)
-    for t in signature.tensors:
-        if t.is_output or t.dtype == "bool" or t.dtype[0] in "iu":
-            continue
-        shape = tuple(t.shape)
-        u = np.zeros(shape, dtype=np.float64)
-        for k, n in enumerate(shape):
-            ramp = np.arange(n, dtype=np.float64) / max(n - 1, 1)
-            u = u + ramp.reshape((1,) * k + (n,) + (1,) * (len(shape) - k - 1))
-        u = u / max(len(shape), 1)
-        x = 0.1 + 1.9 * u if direction > 0 else 2.0 - 1.9 * u
-        out[t.name] = np.asarray(x).astype(np_dtype(tvm_dtype(t.dtype)))
-    return out
+    bounds = index_bounds(signature, programs) if programs else {}
+    return ordered_arrays(tensor_specs(signature), seed, direction, bounds)
 
 
 # ---------------------------------------------------------------------------
@@ -501,14 +323,15 @@ def verify_device(device: str | None = None) -> str:
 def _execute_cuda(runner: IsolatedRunner | None, timeout_s: float, module: LeirModule, inputs: list[dict],
                   limits: GpuLimits) -> tuple[list[dict], str]:
     """Outputs per trial of ``module``'s GPU form run on the GPU (outputs start poisoned)
-    and its CUDA source: :func:`steptp.backend.perf.run_cuda_lowered` here or in ``runner``."""
+    and its CUDA source: :func:`steptp.backend.perf.run_cuda_lowered`, always in a worker
+    process (``runner``, else the process-wide :func:`default_runner`), which any CUDA error
+    discards: a sticky error (illegal address...) costs this candidate only."""
     from .backend.perf import run_cuda_lowered
 
     poison = poison_outputs(module.signature)
     inputs = [{**x, **poison} for x in inputs]
-    if runner is None:
-        return run_cuda_lowered(module.text(), inputs, limits)
-    return runner.call(run_cuda_lowered, module.text(), inputs, limits, timeout_s=timeout_s)
+    runner = runner or default_runner()
+    return runner.call(run_cuda_lowered, module.text(), inputs, limits, timeout_s=timeout_s, discard_on_error=True)
 
 
 def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
@@ -591,7 +414,7 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
                 timeout_s: float = 60.0, *, isolated: bool = False, runner: IsolatedRunner | None = None,
                 gpu_check: bool = True, nvcc: bool = False, require_diff: bool = True,
                 input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
-                limits: GpuLimits = DEFAULT_GPU, artifacts: dict | None = None,
+                limits: GpuLimits | None = None, artifacts: dict | None = None,
                 device: str | None = None, ordered: bool = True, rounding: bool = True) -> VerifyResult:
     """Verify that ``transformed`` computes what ``original`` computes (one strategy step).
 
@@ -632,6 +455,10 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     for misuse (wrong reference shapes from ``input_fn`` etc.). Source: paper §3.4, §4.2.
     """
     res = VerifyResult(device=verify_device(device))
+    if limits is None:  # the device's own architecture on cuda (compute capability), else sm_90
+        from .runner.device import device_limits
+
+        limits = device_limits(res.device) if res.device == "cuda" else DEFAULT_GPU
     res.diff = format_program(original.program) != format_program(transformed.program)
     if not res.diff and require_diff:
         res.reason = "diff: the transformed program is identical to the original"
@@ -741,7 +568,8 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
         return res
     try:
         if device == "cuda":
-            _, cuda_text, cuda_src = _prepare(module, True, nvcc, limits)
+            # no nvcc check here: the worker compiles the PTX it runs (once; a failure is Build)
+            _, cuda_text, cuda_src = _prepare(module, True, False, limits)
             outs, generated = _execute_cuda(run, timeout_s, module, inputs, limits)
         else:
             cpu_text, cuda_text, cuda_src = _prepare(module, gpu_check, nvcc, limits)

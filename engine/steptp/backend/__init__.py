@@ -13,15 +13,35 @@ Public API::
     BackendError > LoweringError, BuildError > PreflightError, ExecError        # errors.py
     GpuLimits, H100, DEFAULT_GPU, THREAD_LIMITS, MAX_THREADS_PER_BLOCK         # hardware.py
 
-Importing this package does not import TVM; the first build does.
+Importing this package imports nothing (names load on first use); the first build imports TVM.
 """
 
-from .build import (CpuKernel, IsolatedRunner, NvccResult, ParamSpec, build_cpu, compile_cuda_text, cuda_source,
-                    cuda_target, np_dtype, nvcc_check, nvcc_path, parse_tvmscript, run_cpu, run_lowered)
-from .errors import BackendError, BuildError, ExecError, LoweringError, PreflightError
-from .hardware import DEFAULT_GPU, H100, MAX_THREADS_PER_BLOCK, THREAD_LIMITS, GpuLimits
-from .preflight import gpu_problems, loop_hazards, preflight
-from .tvmscript import TARGETS, Lowered, lower, lower_module, tvm_dtype
+import importlib
+
+#: Public name -> defining submodule (loaded on first access, PEP 562), so that importing
+#: ``steptp.backend.errors`` or ``steptp.backend.cuda_runtime`` on a runtime-only machine
+#: (no lark, no TVM compiler) does not pull in the lowering and build modules.
+_EXPORTS = {
+    **dict.fromkeys(["CpuKernel", "NvccResult", "ParamSpec", "build_cpu", "compile_cuda_text", "cuda_source",
+                     "cuda_target", "np_dtype", "nvcc_check", "nvcc_path", "parse_tvmscript", "run_cpu",
+                     "run_lowered"], "build"),
+    "IsolatedRunner": "steptp.runner.worker",
+    **dict.fromkeys(["BackendError", "BuildError", "ExecError", "LoweringError", "PreflightError"], "errors"),
+    **dict.fromkeys(["DEFAULT_GPU", "H100", "MAX_THREADS_PER_BLOCK", "THREAD_LIMITS", "GpuLimits"], "hardware"),
+    **dict.fromkeys(["gpu_problems", "loop_hazards", "preflight"], "preflight"),
+    **dict.fromkeys(["TARGETS", "Lowered", "lower", "lower_module", "tvm_dtype"], "tvmscript"),
+}
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    m = importlib.import_module(mod if "." in mod else f"{__name__}.{mod}")
+    value = getattr(m, name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "lower", "lower_module", "Lowered", "TARGETS", "tvm_dtype",

@@ -19,22 +19,18 @@
 from __future__ import annotations
 
 import collections
-import contextlib
-import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..leir.fileformat import Signature
-from .errors import BackendError, BuildError, ExecError, LoweringError, PreflightError, short_tvm_error
+from .errors import BuildError, ExecError, LoweringError, PreflightError, short_tvm_error
 from .hardware import DEFAULT_GPU, GpuLimits
 from .preflight import preflight
 from .tvmscript import lower_module
@@ -605,156 +601,8 @@ def nvcc_check(sources: Sequence, limits: GpuLimits = DEFAULT_GPU, batch: bool =
     return [r if r is not None else NvccResult(False, "tvm", "not processed") for r in results]
 
 
-# ---------------------------------------------------------------------------
-# Isolated execution
-# ---------------------------------------------------------------------------
-
-
-def _worker_main(conn) -> None:  # pragma: no cover - runs in the child process
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        fn, args, kwargs = msg
-        try:
-            reply = ("ok", fn(*args, **kwargs))
-        except BackendError as e:
-            reply = ("err", e)
-        except BaseException as e:  # noqa: BLE001
-            reply = ("err", ExecError(f"{type(e).__name__}: {e}"))
-        try:
-            conn.send(reply)
-        except Exception as e:  # unpicklable result
-            conn.send(("err", ExecError(f"worker could not send its result: {e}")))
-
-
-@contextlib.contextmanager
-def _without_main_module():
-    """Hide ``__main__``'s file/spec while a spawn child starts, so the child does not
-    re-import the caller's script (the worker only runs functions of this package; an
-    unguarded script would otherwise run again in the child)."""
-    main = sys.modules.get("__main__")
-    saved = {}
-    for attr in ("__file__", "__spec__"):
-        if main is not None and hasattr(main, attr):
-            saved[attr] = getattr(main, attr)
-    try:
-        if "__file__" in saved:
-            del main.__file__
-        if "__spec__" in saved:
-            main.__spec__ = None
-        yield
-    finally:
-        for attr, val in saved.items():
-            setattr(main, attr, val)
-
-
-def _signal_name(code: int | None) -> str:
-    if code is None:
-        return "unknown"
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
-class IsolatedRunner:
-    """A worker process (``multiprocessing`` spawn context) that runs one call at a time
-    under a time limit.
-
-    ``call(fn, *args, timeout_s=None)`` runs a module-level function ``fn`` in the worker
-    and returns its result, re-raises a :class:`BackendError` it raised, and raises
-    :class:`ExecError` when the worker exceeds the time limit (it is killed) or dies
-    (segfault...). A dead or killed worker is restarted lazily on the next call, so one
-    bad kernel costs one call. Starting a worker costs about 1-2 s (``import tvm``).
-
-    Use as a context manager, or call :meth:`close`.
-    """
-
-    def __init__(self, timeout_s: float = 60.0):
-        self.timeout_s = timeout_s
-        self._ctx = multiprocessing.get_context("spawn")
-        self._proc = None
-        self._conn = None
-        self.restarts = 0
-
-    def start(self) -> None:
-        """Start the worker if it is not running (about 1-2 s: a fresh interpreter imports tvm)."""
-        if self._proc is not None and self._proc.is_alive():
-            return
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="stp-verify-worker")
-        with _without_main_module():
-            proc.start()
-        child.close()
-        self._proc, self._conn = proc, parent
-
-    def _kill(self) -> None:
-        if self._proc is None:
-            return
-        if self._proc.is_alive():
-            self._proc.kill()
-        self._proc.join(5)
-        try:
-            self._conn.close()
-        except Exception:
-            pass
-        self._proc = self._conn = None
-        self.restarts += 1
-
-    def call(self, fn: Callable, *args, timeout_s: float | None = None, **kwargs):
-        """Run ``fn(*args, **kwargs)`` in the worker (see the class docstring)."""
-        limit = self.timeout_s if timeout_s is None else timeout_s
-        self.start()
-        try:
-            self._conn.send((fn, args, kwargs))
-        except (BrokenPipeError, OSError):
-            self._kill()
-            self.start()
-            self._conn.send((fn, args, kwargs))
-        if not self._conn.poll(limit):
-            self._kill()
-            raise ExecError(f"time limit of {limit:g} s exceeded; the worker process was killed")
-        try:
-            status, value = self._conn.recv()
-        except (EOFError, OSError):
-            self._proc.join(5)
-            code = self._proc.exitcode
-            self._kill()
-            raise ExecError(f"worker process crashed ({_signal_name(code)})") from None
-        if status == "err":
-            raise value
-        return value
-
-    def close(self) -> None:
-        if self._proc is None:
-            return
-        try:
-            self._conn.send(None)
-            self._proc.join(2)
-        except Exception:
-            pass
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(2)
-        self._proc = self._conn = None
-
-    def __enter__(self) -> "IsolatedRunner":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):  # pragma: no cover
-        try:
-            self.close()
-        except Exception:
-            pass
+# Isolated execution lives in steptp.runner.worker (re-exported here for old imports).
+from ..runner.worker import IsolatedRunner  # noqa: E402
 
 
 __all__ = ["CPU_TARGET", "cuda_target", "np_dtype", "is_tvmscript", "parse_tvmscript", "ParamSpec", "CpuKernel",

@@ -29,6 +29,17 @@ Recipe (notes §3.5, seen working on an H100 with CUDA 13.0, driver 580):
    device's timer). The same functions run on ``cpu`` with an exported llvm library, which is
    how they are tested on machines without a GPU.
 
+**Simulated device** (``STP_CUDA_SIM=1``, :func:`simulated`; tests and CI on machines without
+a GPU): everything above the driver is the real code (GPU-form lowering, TVM's CUDA
+codegen, nvcc/NVRTC PTX and its cache, export, manifests, packing, worker processes,
+pickling, timing records); only module load + launch is replaced by running the same
+program's CPU build (``sim_lib`` in the manifest, exported beside the CUDA library), and
+the device facts come from ``STP_CUDA_SIM_ARCH`` (default ``sm_90``). A loaded module must
+still find its PTX in the cache, as on a GPU. Fault injection
+(``STP_CUDA_SIM_FAULT=sticky:TEXT`` or ``hang:TEXT``) makes a launch of a module whose CUDA
+source contains ``TEXT`` fail with a *sticky* error (every later launch in that process
+fails too, as after a real illegal address) or hang, so the worker restart is tested.
+
 Faults (illegal address, launch failure, missing PTX) raise
 :class:`steptp.backend.errors.ExecError` carrying the CUDA / TVM error text. After an illegal
 memory access the CUDA context is unusable: run GPU work in a worker process
@@ -65,11 +76,22 @@ TVM_RUNTIME_LIB = "libtvm_runtime.so"
 TVM_RUNTIME_CUDA_LIB = "libtvm_runtime_cuda.so"
 #: ``nvcc`` flags of the cached PTX (the kernels are timed from it, hence -O3; notes §3.5).
 PTX_FLAGS: tuple[str, ...] = ("-O3",)
+#: Environment variables of the simulated CUDA device (module docstring).
+SIM_ENV, SIM_ARCH_ENV, SIM_FAULT_ENV = "STP_CUDA_SIM", "STP_CUDA_SIM_ARCH", "STP_CUDA_SIM_FAULT"
+#: Compute capabilities whose PTX nvcc 13 can produce (compute_75 .. compute_121, notes §3.1).
+MIN_ARCH = 75
 
 _LOCK = threading.RLock()
 _LOADED: dict[str, object] = {}
 _PTX_DIRS: list[Path] = []
 _PTX_ARCH = ["sm_90"]
+_PTX_TAG = [""]
+_SIM_STICKY: list[str] = []  # the simulated sticky error of this process, once raised
+
+
+def simulated() -> bool:
+    """True when ``STP_CUDA_SIM=1``: the simulated CUDA device (module docstring)."""
+    return os.environ.get(SIM_ENV, "") == "1"
 
 
 # ---------------------------------------------------------------------------
@@ -193,12 +215,78 @@ def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
 
+def compute_capability(index: int = 0) -> tuple[int, int] | None:
+    """``(major, minor)`` of CUDA device ``index`` from the driver
+    (``cuDeviceGetAttribute``: COMPUTE_CAPABILITY_MAJOR = 75, MINOR = 76), or None without a
+    driver or device. With the simulated device: parsed from ``STP_CUDA_SIM_ARCH``."""
+    if simulated():
+        digits = os.environ.get(SIM_ARCH_ENV, "sm_90").removeprefix("sm_").rstrip("a")
+        return (int(digits[:-1]), int(digits[-1])) if digits.isdigit() and len(digits) >= 2 else None
+    try:
+        lib = ctypes.CDLL(LIBCUDA_SONAME)
+        if lib.cuInit(0) != 0:
+            return None
+        dev = ctypes.c_int(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            return None
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        if lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0:
+            return None
+        if lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0:
+            return None
+        return int(major.value), int(minor.value)
+    except OSError:
+        return None
+
+
+def device_arch(index: int = 0) -> str | None:
+    """``sm_XY`` of CUDA device ``index`` from its compute capability (``sm_90`` for an
+    H100 or H200, ``sm_80`` for an A100), or None when there is no device. Kernels are
+    generated and compiled for this architecture, so they load on that GPU."""
+    cc = compute_capability(index)
+    return None if cc is None else f"sm_{cc[0]}{cc[1]}"
+
+
+def driver_version() -> int | None:
+    """The driver's CUDA version as ``1000*major + 10*minor`` (``cuDriverGetVersion``), or None."""
+    try:
+        lib = ctypes.CDLL(LIBCUDA_SONAME)
+        v = ctypes.c_int(0)
+        return int(v.value) if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 else None
+    except OSError:
+        return None
+
+
+def cuda_compiler() -> str | None:
+    """``nvcc`` when on the PATH, else ``nvrtc`` when ``cuda.bindings.nvrtc`` imports and
+    finds ``libnvrtc``, else None: what :func:`compile_ptx` would use."""
+    if nvcc_path() is not None:
+        return "nvcc"
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401,PLC0415
+
+        return "nvrtc"
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def cuda_available(need_nvcc: bool = True, lib_dir: str | os.PathLike | None = None) -> str | None:
     """``None`` when CUDA programs can be built and run here, else ONE line naming what is
     missing, checked in this order: the driver (``libcuda.so.1``), the CUDA 13 runtime
-    (``libcudart.so.13``), TVM's runtime libraries, a CUDA device, and (``need_nvcc``) nvcc,
-    which compiles the kernels' CUDA C to PTX. Loads nothing into TVM; cheap (no import of
-    ``tvm``)."""
+    (``libcudart.so.13``), TVM's runtime libraries, a CUDA device, a driver at least as new
+    as the CUDA runtime (13.0), a device of compute capability 7.5 or newer, and
+    (``need_nvcc``) a CUDA compiler (nvcc, else NVRTC from ``cuda-bindings``), which
+    compiles the kernels' CUDA C to PTX. Loads nothing into TVM; cheap (no import of
+    ``tvm``). With the simulated device (``STP_CUDA_SIM=1``) only the compiler and TVM's
+    runtime are required."""
+    if simulated():
+        if tvm_lib_dir(lib_dir) is None:
+            return f"no TVM runtime ({TVM_RUNTIME_LIB} not found; set STP_TVM_LIB_DIR)"
+        if need_nvcc and cuda_compiler() is None:
+            return "no CUDA compiler (no nvcc on PATH and no NVRTC from cuda-bindings)"
+        if device_arch() is None:
+            return f"simulated CUDA device: bad {SIM_ARCH_ENV} (expected sm_XY)"
+        return None
     if find_libcuda() is None:
         return f"no CUDA driver ({LIBCUDA_SONAME} not found)"
     if find_cudart() is None:
@@ -211,8 +299,15 @@ def cuda_available(need_nvcc: bool = True, lib_dir: str | os.PathLike | None = N
     n, why = cuda_devices()
     if n == 0:
         return f"no CUDA device ({why or 'cuDeviceGetCount returned 0'})"
-    if need_nvcc and nvcc_path() is None:
-        return "no nvcc on PATH (needed to compile the kernels' CUDA C to PTX)"
+    drv = driver_version()
+    if drv is not None and drv < 13000:
+        return (f"the NVIDIA driver supports CUDA {drv // 1000}.{drv % 1000 // 10}, older than the CUDA 13.0 runtime "
+                "TVM's CUDA runtime needs (update the driver)")
+    cc = compute_capability()
+    if cc is not None and cc[0] * 10 + cc[1] < MIN_ARCH:
+        return f"CUDA device of compute capability {cc[0]}.{cc[1]}: CUDA 13 compiles for 7.5 and newer only"
+    if need_nvcc and cuda_compiler() is None:
+        return "no CUDA compiler (no nvcc on PATH and no NVRTC from cuda-bindings) to compile the kernels' CUDA C"
     return None
 
 
@@ -226,6 +321,8 @@ def load_runtime(device: str = "cuda", lib_dir: str | os.PathLike | None = None)
     ``libcudart.so.13`` and ``libcuda.so.1``, then ``libtvm_runtime.so`` and (cuda)
     ``libtvm_runtime_cuda.so``, all ``RTLD_GLOBAL`` (notes §3.5). When ``tvm`` is already
     imported the same files are reused. Raises :class:`ExecError` naming what is missing."""
+    if device == "cuda" and simulated():
+        device = "cpu"  # the simulated device runs CPU builds: no driver, no CUDA runtime
     with _LOCK:
         if device in _LOADED:
             return
@@ -266,65 +363,166 @@ def _global(name: str):
 # ---------------------------------------------------------------------------
 
 
-def ptx_key(cuda_source: str) -> str:
-    """Cache key of a CUDA C source: the SHA1 hex digest of its UTF-8 bytes."""
-    return hashlib.sha1(cuda_source.encode("utf-8")).hexdigest()
+_TAGS: dict[str, str] = {}
+
+
+def compiler_tag(compiler: str | None = None) -> str:
+    """What produced a PTX, for its cache key: ``nvcc-13.0.48 -O3`` (nvcc's release line and
+    :data:`PTX_FLAGS`) or ``nvrtc-13.0 -O3``; '' when there is no compiler. A PTX made by
+    another compiler, version or flags is never served for this one."""
+    compiler = compiler or cuda_compiler()
+    if compiler is None:
+        return ""
+    if compiler in _TAGS:
+        return _TAGS[compiler]
+    tag = compiler
+    if compiler == "nvcc":
+        try:
+            out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, timeout=60).stdout
+            rel = [ln for ln in out.splitlines() if "release" in ln or ln.startswith("Build")]
+            tag = "nvcc-" + (rel[-1].split()[-1] if rel else "unknown")
+        except (OSError, subprocess.TimeoutExpired):
+            tag = "nvcc-unknown"
+    elif compiler == "nvrtc":
+        try:
+            from cuda.bindings import nvrtc  # noqa: PLC0415
+
+            _, major, minor = nvrtc.nvrtcVersion()
+            tag = f"nvrtc-{major}.{minor}"
+        except Exception:  # noqa: BLE001
+            tag = "nvrtc-unknown"
+    _TAGS[compiler] = tag = f"{tag} {' '.join(PTX_FLAGS)}"
+    return tag
+
+
+def ptx_key(cuda_source: str, arch: str = "sm_90", tag: str | None = None) -> str:
+    """Cache key of a CUDA C source compiled for ``arch`` by the compiler ``tag``
+    (:func:`compiler_tag`; default: this machine's): SHA1 of ``arch``, ``tag`` and the
+    source's UTF-8 bytes. The same source for another architecture, compiler version or
+    flags gets another key, so a stale PTX is never served."""
+    tag = compiler_tag() if tag is None else tag
+    h = hashlib.sha1(f"{arch}\0{tag}\0".encode("utf-8"))
+    h.update(cuda_source.encode("utf-8"))
+    return h.hexdigest()
+
+
+def cuda_include_dirs() -> list[str]:
+    """Include directories NVRTC needs for TVM's CUDA C: the toolkit's ``include`` and
+    ``include/cccl`` (CUDA 13 keeps libcu++'s ``cuda/std/*`` there; notes §3.5)."""
+    out = []
+    for r in _cuda_roots():
+        for d in (r / "include", r / "include" / "cccl"):
+            if d.is_dir() and str(d) not in out:
+                out.append(str(d))
+    return out
+
+
+def _nvrtc_ptx(cuda_source: str, arch: str) -> bytes:
+    from cuda.bindings import nvrtc  # noqa: PLC0415
+
+    def check(res, what):
+        err = res[0] if isinstance(res, tuple) else res
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise BuildError(f"NVRTC {what} failed: {err}")
+        return res[1:] if isinstance(res, tuple) else ()
+
+    (prog,) = check(nvrtc.nvrtcCreateProgram(cuda_source.encode(), b"kernel.cu", 0, [], []), "create")
+    opts = [f"--gpu-architecture=compute_{arch.removeprefix('sm_').rstrip('a')}".encode(), b"-default-device"]
+    opts += [f"-I{d}".encode() for d in cuda_include_dirs()]
+    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        (size,) = check(nvrtc.nvrtcGetProgramLogSize(prog), "log")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        lines = [ln for ln in log.decode(errors="replace").splitlines() if "error" in ln.lower()]
+        raise BuildError(f"NVRTC failed: {' | '.join(lines[:3]) or res}")
+    (size,) = check(nvrtc.nvrtcGetPTXSize(prog), "PTX size")
+    buf = b" " * size
+    check(nvrtc.nvrtcGetPTX(prog, buf), "PTX")
+    return buf.rstrip(b"\0 ")
 
 
 def compile_ptx(cuda_source: str, cache_dir: str | os.PathLike, arch: str = "sm_90", timeout_s: float = 600.0) -> Path:
-    """``nvcc --ptx -arch=ARCH -O3`` of ``cuda_source`` into ``cache_dir/<sha1>.ptx`` (atomic
-    rename; an existing entry is kept). Returns the path. Raises :class:`BuildError` with
-    nvcc's first error lines (or when nvcc is absent)."""
+    """PTX of ``cuda_source`` for ``arch`` in ``cache_dir/<key>.ptx`` (:func:`ptx_key`; an
+    existing entry is kept, a new one is renamed into place atomically): ``nvcc --ptx
+    -arch=ARCH -O3``, or NVRTC (``cuda-bindings``, with the toolkit's ``include/cccl``) when
+    nvcc is absent. Returns the path. Raises :class:`BuildError` with the compiler's first
+    error lines, or when there is no compiler."""
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    out = cache / f"{ptx_key(cuda_source)}.ptx"
+    compiler = cuda_compiler()
+    out = cache / f"{ptx_key(cuda_source, arch, compiler_tag(compiler))}.ptx"
     if out.is_file():
         return out
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise BuildError("no nvcc on PATH: cannot compile the CUDA source to PTX")
+    if compiler is None:
+        raise BuildError("no CUDA compiler (no nvcc on PATH, no NVRTC): cannot compile the CUDA source to PTX")
     with tempfile.TemporaryDirectory(prefix="stp-ptx-", dir=cache) as tmp:
         src, ptx = Path(tmp) / "k.cu", Path(tmp) / "k.ptx"
-        src.write_text(cuda_source, encoding="utf-8")
-        try:
-            p = subprocess.run([nvcc, "--ptx", f"-arch={arch}", *PTX_FLAGS, "-o", str(ptx), str(src)],
-                               capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise BuildError(f"nvcc timed out after {timeout_s:.0f} s") from None
-        if p.returncode != 0:
-            lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
-            errs = [ln for ln in lines if "error" in ln.lower()] or lines
-            raise BuildError(f"nvcc failed (exit {p.returncode}): {' | '.join(errs[:3])}")
+        if compiler == "nvrtc":
+            ptx.write_bytes(_nvrtc_ptx(cuda_source, arch))
+        else:
+            src.write_text(cuda_source, encoding="utf-8")
+            try:
+                p = subprocess.run([nvcc_path(), "--ptx", f"-arch={arch}", *PTX_FLAGS, "-o", str(ptx), str(src)],
+                                   capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise BuildError(f"nvcc timed out after {timeout_s:.0f} s") from None
+            if p.returncode != 0:
+                lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
+                errs = [ln for ln in lines if "error" in ln.lower()] or lines
+                raise BuildError(f"nvcc failed (exit {p.returncode}): {' | '.join(errs[:3])}")
         os.replace(ptx, out)
     return out
 
 
-def _ptx_callback(code, *_rest) -> bytes:
-    """``tvm_callback_cuda_compile``: the cached PTX of ``code`` (compiled on a miss)."""
-    code = str(code)
-    key = ptx_key(code)
+def cached_ptx(cuda_source: str, arch: str | None = None, tag: str | None = None) -> Path | None:
+    """The PTX file of ``cuda_source`` in the registered cache directories, or None."""
+    key = ptx_key(cuda_source, arch or _PTX_ARCH[0], _PTX_TAG[0] if tag is None else tag)
     for d in _PTX_DIRS:
         f = d / f"{key}.ptx"
         if f.is_file():
-            return f.read_bytes()
+            return f
+    return None
+
+
+def _ptx_callback(code, *_rest) -> bytes:
+    """``tvm_callback_cuda_compile``: the cached PTX of ``code`` (compiled on a miss, when
+    this machine has a compiler)."""
+    code = str(code)
+    f = cached_ptx(code)
+    if f is not None:
+        return f.read_bytes()
     if not _PTX_DIRS:
         raise RuntimeError("steptp: no PTX cache directory registered")
+    if cuda_compiler() is None:
+        raise RuntimeError(f"steptp: no PTX for this kernel ({_PTX_ARCH[0]}, {_PTX_TAG[0]!r}) in "
+                           f"{[str(d) for d in _PTX_DIRS]} and no CUDA compiler here")
     return compile_ptx(code, _PTX_DIRS[0], _PTX_ARCH[0]).read_bytes()
 
 
-def register_ptx_cache(cache_dir: str | os.PathLike, arch: str = "sm_90") -> None:
+def register_ptx_cache(cache_dir: str | os.PathLike, arch: str = "sm_90", tag: str | None = None) -> None:
     """Register ``tvm_callback_cuda_compile`` (``override=True``) so that loading a module
     whose device code is CUDA C returns the PTX from ``cache_dir`` (searched first; several
-    directories may be registered), keyed by :func:`ptx_key`; a miss is compiled with nvcc
-    for ``arch`` into the first directory registered."""
+    directories may be registered), keyed by :func:`ptx_key` with ``arch`` and the compiler
+    ``tag`` (default: this machine's; a GPU node without a compiler passes the pack's); a
+    miss is compiled for ``arch`` into the first directory registered. When the full
+    ``tvm`` package is installed but not imported yet, it is imported first: its own
+    registration of the callback (``tvm.support.nvcc``) would otherwise fail on ours."""
     import tvm_ffi  # noqa: PLC0415
 
+    if "tvm" not in sys.modules and not simulated():
+        try:
+            if importlib.util.find_spec("tvm") is not None:
+                import tvm  # noqa: F401,PLC0415
+        except Exception:  # noqa: BLE001  (a runtime-only node: no compiler package)
+            pass
     with _LOCK:
         d = Path(cache_dir).resolve()
         if d in _PTX_DIRS:
             _PTX_DIRS.remove(d)
         _PTX_DIRS.insert(0, d)
         _PTX_ARCH[0] = arch
+        _PTX_TAG[0] = compiler_tag() if tag is None else tag
         tvm_ffi.register_global_func("tvm_callback_cuda_compile", _ptx_callback, override=True)
 
 
@@ -352,7 +550,9 @@ class Param:
 class Built:
     """An exported module on disk (:func:`steptp.backend.perf.export_cuda` writes it):
     ``lib`` (``kernel.so``), ``ptx_dir``, ``params`` (call order), ``device``
-    (``cuda``/``cpu``), ``arch``, ``cuda_sha1`` (key of its PTX; '' for cpu), ``program``."""
+    (``cuda``/``cpu``), ``arch``, ``cuda_sha1`` (:func:`ptx_key` of its PTX; '' for cpu),
+    ``program``, ``ptx_tag`` (the compiler tag of its PTX) and ``sim_lib`` (the CPU build
+    the simulated device runs instead of the CUDA library; None when not exported)."""
 
     directory: Path
     lib: Path
@@ -362,6 +562,8 @@ class Built:
     arch: str = ""
     cuda_sha1: str = ""
     program: str = ""
+    ptx_tag: str = ""
+    sim_lib: Path | None = None
 
 
 MANIFEST = "manifest.json"
@@ -376,7 +578,8 @@ def read_built(directory: str | os.PathLike) -> Built:
         params = tuple(Param(p["name"], tuple(int(s) for s in p["shape"]), p["dtype"], p["role"]) for p in m["params"])
         lib = d / m["lib"]
         ptx = d / m["ptx_dir"] if m.get("ptx_dir") else None
-        built = Built(d, lib, ptx, params, m["device"], m.get("arch", ""), m.get("cuda_sha1", ""), m.get("program", ""))
+        built = Built(d, lib, ptx, params, m["device"], m.get("arch", ""), m.get("cuda_sha1", ""), m.get("program", ""),
+                      m.get("ptx_tag", ""), d / m["sim_lib"] if m.get("sim_lib") else None)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ExecError(f"{d}: not a built module directory ({MANIFEST}: {e})") from None
     if not built.lib.is_file():
@@ -388,14 +591,46 @@ def write_manifest(built: Built) -> None:
     """Write ``manifest.json`` of ``built`` (paths relative to its directory)."""
     m = {"lib": built.lib.name, "ptx_dir": (os.path.relpath(built.ptx_dir, built.directory) if built.ptx_dir else None),
          "device": built.device, "arch": built.arch, "cuda_sha1": built.cuda_sha1, "program": built.program,
+         "ptx_tag": built.ptx_tag,
+         "sim_lib": os.path.relpath(built.sim_lib, built.directory) if built.sim_lib else None,
          "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "role": p.role} for p in built.params]}
     (built.directory / MANIFEST).write_text(json.dumps(m, indent=1) + "\n", encoding="utf-8")
+
+
+def exec_device(device: str) -> str:
+    """The device a run on ``device`` really uses: ``cpu`` for ``cuda`` on the simulated
+    device (``STP_CUDA_SIM=1``), else ``device``."""
+    return "cpu" if device == "cuda" and simulated() else device
 
 
 def _device(device: str):
     import tvm_ffi  # noqa: PLC0415
 
-    return tvm_ffi.device(device, 0)
+    return tvm_ffi.device(exec_device(device), 0)
+
+
+def _sim_launch_check(built: Built) -> None:
+    """Simulated device only: the injected faults of ``STP_CUDA_SIM_FAULT`` (module docstring)
+    and the sticky error of an earlier fault in this process."""
+    if _SIM_STICKY:
+        raise ExecError(f"CUDA error: an illegal memory access was encountered (simulated sticky error, first raised "
+                        f"by {_SIM_STICKY[0]}; the CUDA context of this process is unusable)")
+    spec = os.environ.get(SIM_FAULT_ENV, "")
+    kind, _, text = spec.partition(":")
+    if not text or kind not in ("sticky", "hang"):
+        return
+    try:
+        src = (built.directory / "kernel.cu").read_text(encoding="utf-8")
+    except OSError:
+        return
+    if text not in src:
+        return
+    if kind == "hang":
+        import time  # noqa: PLC0415
+
+        time.sleep(3600)
+    _SIM_STICKY.append(built.program or str(built.directory))
+    raise ExecError("CUDA error: an illegal memory access was encountered (simulated fault)")
 
 
 def load_built(built: Built, lib_dir: str | os.PathLike | None = None):
@@ -406,9 +641,22 @@ def load_built(built: Built, lib_dir: str | os.PathLike | None = None):
 
     load_runtime(built.device, lib_dir)
     if built.device == "cuda" and built.ptx_dir is not None:
-        register_ptx_cache(built.ptx_dir, built.arch or "sm_90")
+        register_ptx_cache(built.ptx_dir, built.arch or "sm_90", built.ptx_tag or None)
+    lib = built.lib
+    if built.device == "cuda" and simulated():
+        # the simulated device: the load would ask the callback for the PTX, so it must exist
+        try:
+            src = (built.directory / "kernel.cu").read_text(encoding="utf-8")
+        except OSError as e:
+            raise ExecError(f"cannot load {built.lib}: kernel.cu missing ({e})") from None
+        if cached_ptx(src, built.arch or "sm_90", built.ptx_tag or None) is None:
+            raise ExecError(f"cannot load {built.lib}: no PTX for its CUDA source ({built.arch}, {built.ptx_tag!r}) in "
+                            f"{[str(d) for d in _PTX_DIRS]}")
+        if built.sim_lib is None:
+            raise ExecError(f"cannot load {built.lib} on the simulated CUDA device: no CPU build (sim_lib) exported")
+        lib = built.sim_lib
     try:
-        return tvm_ffi.load_module(str(built.lib))
+        return tvm_ffi.load_module(str(lib))
     except Exception as e:  # noqa: BLE001
         raise ExecError(f"cannot load {built.lib}: {_short(e)}") from None
 
@@ -483,10 +731,13 @@ def run_module(built: Built, input_sets: Sequence[Mapping[str, np.ndarray]], mod
     verification passes poisoned outputs), else zeros. A kernel fault (illegal address,
     launch failure...) raises :class:`ExecError` with the CUDA error text."""
     mod = module if module is not None else load_built(built, lib_dir)
+    sim = built.device == "cuda" and simulated()
     outs = []
     for k, arrays in enumerate(input_sets):
         args = device_args(built.params, built.device, arrays)
         try:
+            if sim:
+                _sim_launch_check(built)
             mod["main"](*args)
             sync(built.device)
         except Exception as e:  # noqa: BLE001
@@ -503,16 +754,22 @@ def run_module(built: Built, input_sets: Sequence[Mapping[str, np.ndarray]], mod
 
 
 def time_function(module, device: str, args: Sequence, *, number: int, repeat: int, min_repeat_ms: float = 0.0,
-                  func: str = "main") -> list[float]:
+                  func: str = "main", cache_flush_bytes: int = 0) -> list[float]:
     """TVM ``time_evaluator`` of ``module[func](*args)`` on ``device``: one warm-up call,
     then ``repeat`` measurements, each the mean time of ``number`` consecutive calls, in
     **seconds**; ``min_repeat_ms`` > 0 lets TVM raise ``number`` until one measurement lasts
-    that long. Source: ``tvm.runtime.Module.time_evaluator`` (apache-tvm 0.27,
+    that long. ``cache_flush_bytes`` > 0 (CUDA only): TVM writes that many bytes on the
+    device before each measurement, flushing the L2 cache as Triton's ``do_bench`` does.
+    Source: ``tvm.runtime.Module.time_evaluator`` (apache-tvm 0.27,
     ``runtime.RPCTimeEvaluator``; notes §4). Raises :class:`ExecError` on a fault."""
     dev = _device(device)
     try:
+        if device == "cuda" and _SIM_STICKY:
+            raise ExecError(f"CUDA error: an illegal memory access was encountered (simulated sticky error, first "
+                            f"raised by {_SIM_STICKY[0]})")
         feval = _global("runtime.RPCTimeEvaluator")(module, func, dev.dlpack_device_type(), dev.index, int(number),
-                                                    int(repeat), int(min_repeat_ms), 100, 0, 1, 0, "")
+                                                    int(repeat), int(min_repeat_ms), 100, 0, 1,
+                                                    int(cache_flush_bytes) if exec_device(device) == "cuda" else 0, "")
         blob = feval(*args)
     except ExecError:
         raise
@@ -522,6 +779,7 @@ def time_function(module, device: str, args: Sequence, *, number: int, repeat: i
 
 
 __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",
-           "cuda_devices", "device_name", "nvcc_path", "cuda_available", "load_runtime", "ptx_key", "compile_ptx",
+           "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
+           "device_arch", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
            "register_ptx_cache", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
            "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]

@@ -41,6 +41,24 @@ class GpuLimits:
         """Largest legal extent for a thread tag; ``KeyError`` for an unknown tag."""
         return self.max_extent[tag]
 
+    def __reduce__(self):
+        # ``max_extent`` is usually a read-only MappingProxyType, which does not pickle; the
+        # limits travel to worker processes (GPU verification), so pickle it as a dict.
+        return (_limits_from_state, (self.name, self.arch, dict(self.max_extent), self.max_threads_per_block,
+                                     self.max_static_shared_bytes, self.warp_size))
+
+    def with_arch(self, arch: str, name: str | None = None) -> "GpuLimits":
+        """The same limits for another ``sm_XX`` architecture (every architecture from sm_70
+        on shares them; see the module docstring)."""
+        return GpuLimits(name=name or f"CUDA {arch}", arch=arch, max_extent=self.max_extent,
+                         max_threads_per_block=self.max_threads_per_block,
+                         max_static_shared_bytes=self.max_static_shared_bytes, warp_size=self.warp_size)
+
+
+def _limits_from_state(name, arch, max_extent, max_threads_per_block, max_static_shared_bytes, warp_size):
+    return GpuLimits(name, arch, MappingProxyType(dict(max_extent)), max_threads_per_block, max_static_shared_bytes,
+                     warp_size)
+
 
 #: Thread tags in canonical order (threads first, then blocks; x, y, z).
 THREAD_TAGS: tuple[str, ...] = ("threadIdx.x", "threadIdx.y", "threadIdx.z",

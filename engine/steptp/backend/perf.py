@@ -1,4 +1,4 @@
-"""Performance builds of LEIR programs (what :mod:`steptp.backend.timing` times), and the
+"""Performance builds of LEIR programs (what :mod:`steptp.runner.timing` times), and the
 build side of the GPU runtime path (:mod:`steptp.backend.cuda_runtime` runs the result).
 
 **CPU performance form** (:func:`perf_cpu_text`, :func:`build_perf_cpu`). The verification
@@ -78,13 +78,16 @@ def default_ptx_cache() -> Path:
 
 
 def export_cuda(module: LeirModule, outdir: str | os.PathLike, *, limits: GpuLimits = DEFAULT_GPU,
-                ptx: bool = True):
+                ptx: bool = True, sim: bool | None = None):
     """Build ``module``'s GPU form into ``outdir`` for :mod:`steptp.backend.cuda_runtime`:
     ``kernel.so``, ``ptx/<sha1>.ptx`` (with ``ptx``; nvcc required) and ``manifest.json``.
     Returns ``(Built, cuda_source)``. GPU preflight first (:class:`PreflightError`); TVM or
     nvcc failures raise :class:`BuildError`. Cost: one ``tvm.compile`` (15-35 ms), the
-    export (a host-code link, about 0.2 s) and one nvcc run (0.3-1 s)."""
-    from .cuda_runtime import Built, compile_ptx, ptx_key, write_manifest  # noqa: PLC0415
+    export (a host-code link, about 0.2 s) and one nvcc run (0.3-1 s). With ``sim`` (default:
+    the simulated device is on, ``STP_CUDA_SIM=1``) the CPU performance build is exported too
+    (``sim/kernel.so``, the manifest's ``sim_lib``), which the simulated device runs in
+    place of the CUDA library."""
+    from .cuda_runtime import Built, compile_ptx, compiler_tag, ptx_key, simulated, write_manifest  # noqa: PLC0415
 
     preflight(module, None, limits)
     func = parse_tvmscript(lower_module(module, None, "cuda").text)
@@ -105,7 +108,10 @@ def export_cuda(module: LeirModule, outdir: str | os.PathLike, *, limits: GpuLim
     ptx_dir = out / "ptx"
     if ptx:
         compile_ptx(src, ptx_dir, limits.arch)
-    built = Built(out, lib, ptx_dir, _params(module), "cuda", limits.arch, ptx_key(src), module.signature.name)
+    tag = compiler_tag()
+    sim_lib = export_cpu(module, out / "sim", manifest=False).lib if (simulated() if sim is None else sim) else None
+    built = Built(out, lib, ptx_dir, _params(module), "cuda", limits.arch, ptx_key(src, limits.arch, tag),
+                  module.signature.name, tag, sim_lib)
     write_manifest(built)
     return built, src
 
@@ -118,7 +124,7 @@ def export_cuda_cached(module: LeirModule, outdir: str | os.PathLike, *, limits:
     ready for :func:`steptp.backend.cuda_runtime.load_built`. Raises as :func:`export_cuda`."""
     from .cuda_runtime import compile_ptx, register_ptx_cache  # noqa: PLC0415
 
-    built, src = export_cuda(module, outdir, limits=limits, ptx=False)
+    built, src = export_cuda(module, outdir, limits=limits, ptx=False, sim=None)
     cache = Path(ptx_cache) if ptx_cache else default_ptx_cache()
     compile_ptx(src, cache, limits.arch)
     built.ptx_dir = cache
@@ -126,7 +132,7 @@ def export_cuda_cached(module: LeirModule, outdir: str | os.PathLike, *, limits:
     return built, src
 
 
-def export_cpu(module: LeirModule, outdir: str | os.PathLike, target: dict | None = None):
+def export_cpu(module: LeirModule, outdir: str | os.PathLike, target: dict | None = None, manifest: bool = True):
     """The CPU performance form exported as ``kernel.so`` + ``manifest.json`` in ``outdir``
     (loadable with the runtime only, like :func:`export_cuda`'s output; the tests run the
     runtime-only path through it on machines without a GPU). Returns the ``Built``."""
@@ -141,7 +147,8 @@ def export_cpu(module: LeirModule, outdir: str | os.PathLike, target: dict | Non
     except Exception as e:  # noqa: BLE001
         raise BuildError(f"export_library failed: {short_tvm_error(e)}") from None
     built = Built(out, lib, None, _params(module), "cpu", "", "", module.signature.name)
-    write_manifest(built)
+    if manifest:
+        write_manifest(built)
     return built
 
 

@@ -13,16 +13,7 @@ from .app import app
 from .common import fail, load, semantic
 
 
-def device_problem(device: str) -> str:
-    """'' when ``--device`` can be used here, else ``--device cuda: <what is missing>``."""
-    if device == "cpu":
-        return ""
-    if device != "cuda":
-        return f"--device {device}: unknown device (expected cpu or cuda)"
-    from ..backend.cuda_runtime import cuda_available
-
-    why = cuda_available()
-    return f"--device cuda: {why}" if why else ""
+from ..runner.device import device_problem  # noqa: E402,F401  (re-exported for the other commands)
 
 
 def _same_signature(a, b) -> bool:
@@ -51,7 +42,7 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
     time_evaluator with --repeat measurements of --number calls. CPU timings use
     TVM_NUM_THREADS threads (1 unless set). Warns on stderr when CV > 5 %."""
     from ..backend.errors import BackendError, LoweringError
-    from ..backend.timing import NOISY_CV, measure, speedup
+    from ..runner.timing import NOISY_CV, measure, speedup
 
     problem = device_problem(device)
     if problem:
@@ -128,6 +119,11 @@ def doctor():
     rows.append(("cuda device", f"{n} ({cr.device_name(0)})" if n else f"none ({why})"))
     threads = os.environ.get("TVM_NUM_THREADS")
     rows.append(("tvm threads", f"TVM_NUM_THREADS={threads}" if threads else "TVM_NUM_THREADS unset (stp time uses 1)"))
+    rows.append(("cuda compiler", f"{cr.cuda_compiler()} ({cr.compiler_tag()})" if cr.cuda_compiler() else "none"))
+    arch = cr.device_arch()
+    rows.append(("cuda arch", f"{arch} (kernels are built for it)" if arch else "no device (builds check sm_90)"))
+    rows.append(("simulated device", "on (STP_CUDA_SIM=1: CUDA modules run as their CPU builds)" if cr.simulated()
+                 else "off"))
     problem = cr.cuda_available()
     rows.append(("--device cuda", "available" if problem is None else f"unavailable: {problem}"))
     w = max(len(k) for k, _ in rows)

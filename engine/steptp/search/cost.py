@@ -27,7 +27,7 @@ For every equation instance (its enclosing loops give the iteration count ``n``)
 
 Sources: roofline model (Williams, Waterman, Patterson, CACM 2009); target limits from
 :mod:`steptp.backend.hardware` (CUDA) and ``TVM_NUM_THREADS`` (CPU threads of the timed
-build, 1 unless set: :mod:`steptp.backend.timing`).
+build, 1 unless set: :mod:`steptp.runner.timing`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Target:
     def for_name(name: str) -> "Target":
         if name == "cuda":
             return Target("cuda", cores=1, freq_ghz=1.7, vector_bytes=4, bw_gbs=3000.0, sms=132)
-        try:  # steptp.backend.timing runs TVM's CPU pool with TVM_NUM_THREADS threads (1 unless set)
+        try:  # steptp.runner.timing runs TVM's CPU pool with TVM_NUM_THREADS threads (1 unless set)
             cores = max(1, int(os.environ.get("TVM_NUM_THREADS") or 1))
         except ValueError:
             cores = 1

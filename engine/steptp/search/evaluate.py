@@ -2,10 +2,10 @@
 program, time the Equal ones.
 
 * Verification: :func:`steptp.verify.verify_pair` (root vs. candidate, 3 seeded random +
-  2 ordered trials, in a worker process with a time limit). With ``target="cpu"`` the GPU preflight and
-  CUDA code generation are skipped (``gpu_check=False``); with ``target="cuda"`` they are
+  2 ordered trials, in a worker process with a time limit). With ``device="cpu"`` the GPU preflight and
+  CUDA code generation are skipped (``gpu_check=False``); with ``device="cuda"`` they are
   part of the Build check and the candidate runs on the GPU (``device="cuda"``).
-* Timing: :func:`steptp.backend.timing.measure` (a performance build: no NaN poisoning;
+* Timing: :func:`steptp.runner.timing.measure` (a performance build: no NaN poisoning;
   paper App. B.2: TVM ``time_evaluator``, 3 warm-up runs, 3 repetitions), reported in
   microseconds. The median of the repetitions is used.
 * Caches: verification results and times per canonical program text, so a program seen
@@ -39,10 +39,10 @@ def cuda_problem() -> str:
 
 def time_us(module: LeirModule, device: str = "cpu", repeat: int = 3, warmup: int = 3) -> float:
     """Run time of ``module`` in microseconds on ``device``: the median of ``repeat``
-    measurements of :func:`steptp.backend.timing.measure` (cached there by program text).
+    measurements of :func:`steptp.runner.timing.measure` (cached there by program text).
     On the CPU TVM runs one thread unless ``TVM_NUM_THREADS`` is set before the first
     measurement (see that module), so ``P`` loops only pay off with more threads."""
-    from ..backend.timing import measure
+    from ..runner.timing import measure
 
     return float(measure(module, device, repeat=repeat, warmup=warmup).median_us)
 
@@ -51,15 +51,15 @@ def time_us(module: LeirModule, device: str = "cpu", repeat: int = 3, warmup: in
 class Measure:
     """Verify-then-time evaluator of one search (see the module docstring).
 
-    ``root``: the program every candidate is compared with. ``target``: ``cpu`` or
-    ``cuda``. ``trials``/``seed``: verification trials (paper: 3). ``timeout_s``: time
+    ``root``: the program every candidate is compared with. ``device``: ``cpu`` or
+    ``cuda`` (``stp search --device``). ``trials``/``seed``: verification trials (paper: 3). ``timeout_s``: time
     limit of one verification. ``repeat``/``warmup``: timing repetitions (paper: 3/3).
     ``timer``: optional ``fn(module) -> µs`` replacing :func:`time_us` (for another
     device or a fixed measurement protocol).
     """
 
     root: LeirModule
-    target: str = "cpu"
+    device: str = "cpu"
     trials: int = 3
     seed: int = 0
     timeout_s: float = 120.0
@@ -71,11 +71,11 @@ class Measure:
     root_time_us: float = 0.0
 
     def __post_init__(self):
-        if self.target not in ("cpu", "cuda"):
-            raise ValueError(f"unknown target {self.target!r} (cpu or cuda)")
-        why = cuda_problem() if self.target == "cuda" else ""
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {self.device!r} (cpu or cuda)")
+        why = cuda_problem() if self.device == "cuda" else ""
         if why:
-            raise TargetUnavailable(f"--target cuda: {why}")
+            raise TargetUnavailable(f"--device cuda: {why}")
         try:
             self.root_time_us = self._time(self.root)
         except Exception as e:  # noqa: BLE001 - LoweringError/BuildError/ExecError of the timing build
@@ -88,7 +88,7 @@ class Measure:
             if self.timer is not None:
                 hit = float(self.timer(module))
             else:
-                hit = time_us(module, self.target, repeat=self.repeat, warmup=self.warmup)
+                hit = time_us(module, self.device, repeat=self.repeat, warmup=self.warmup)
             self._times[key] = hit
         return hit
 
@@ -103,8 +103,8 @@ class Measure:
         if res is None:
             t0 = time.perf_counter()
             res = verify_pair(self.root, module, trials=self.trials, seed=self.seed, isolated=True,
-                              timeout_s=self.timeout_s, gpu_check=self.target == "cuda",
-                              device=None if self.target == "cpu" else self.target)
+                              timeout_s=self.timeout_s, gpu_check=self.device == "cuda",
+                              device=None if self.device == "cpu" else self.device)
             ev.seconds["verify"] = time.perf_counter() - t0
             self._verified[key] = res
         ev.verify = res.to_dict()

@@ -36,7 +36,8 @@ Results are cached for the process by (program text, device, settings, threads),
 search times the same program many times: a repeated call returns the *same*
 :class:`Timing` object without running anything (:func:`cache_info`).
 
-Measurements run in the calling process (no time limit); time verified programs only.
+CPU measurements run in the calling process (no time limit); CUDA measurements run in a
+worker process discarded after any CUDA error. Time verified programs only.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def _inputs(module: LeirModule, seed: int) -> dict:
 
 
 def _params(module: LeirModule):
-    from .perf import _params as params  # noqa: PLC0415
+    from ..backend.perf import _params as params  # noqa: PLC0415
 
     return params(module)
 
@@ -218,8 +219,8 @@ def _run_protocol(mod, device: str, args: list, number: int | None, repeat: int,
                   min_repeat_ms: float) -> tuple[list[float], int]:
     """Warm-up calls, ``number`` calibration, then ``time_evaluator``; returns (seconds per
     call per measurement, number)."""
-    from .cuda_runtime import _short, sync, time_function  # noqa: PLC0415
-    from .errors import ExecError  # noqa: PLC0415
+    from ..backend.cuda_runtime import _short, sync, time_function  # noqa: PLC0415
+    from ..backend.errors import ExecError  # noqa: PLC0415
 
     f = mod["main"]
     try:
@@ -237,8 +238,8 @@ def _run_protocol(mod, device: str, args: list, number: int | None, repeat: int,
 
 
 def _measure_cpu(module: LeirModule, number, repeat, warmup, min_repeat_ms, seed, threads) -> Timing:
-    from .cuda_runtime import device_args  # noqa: PLC0415
-    from .perf import build_perf_cpu  # noqa: PLC0415
+    from ..backend.cuda_runtime import device_args  # noqa: PLC0415
+    from ..backend.perf import build_perf_cpu  # noqa: PLC0415
 
     kernel = build_perf_cpu(module)
     args = device_args(_params(module), "cpu", _inputs(module, seed))
@@ -247,21 +248,47 @@ def _measure_cpu(module: LeirModule, number, repeat, warmup, min_repeat_ms, seed
 
 
 def _measure_cuda(module: LeirModule, number, repeat, warmup, min_repeat_ms, seed) -> Timing:
+    """CUDA timing in a worker process (the verification runner, discarded after any CUDA
+    error, so a fault while timing costs this program only)."""
+    from ..backend.errors import ExecError  # noqa: PLC0415
+    from .device import device_limits, device_problem  # noqa: PLC0415
+    from .worker import IsolatedRunner  # noqa: PLC0415
+
+    why = device_problem("cuda")
+    if why:
+        raise ExecError(why)
+    global _CUDA_RUNNER
+    with _LOCK:
+        if _CUDA_RUNNER is None:
+            import atexit  # noqa: PLC0415
+
+            _CUDA_RUNNER = IsolatedRunner(timeout_s=600.0)
+            atexit.register(_CUDA_RUNNER.close)
+        runner = _CUDA_RUNNER
+    secs, n = runner.call(measure_cuda_here, module.text(), device_limits("cuda"), number, repeat, warmup,
+                          min_repeat_ms, seed, discard_on_error=True)
+    return summarize(secs, n, "cuda", 1)
+
+
+_CUDA_RUNNER = None
+
+
+def measure_cuda_here(module_text: str, limits, number, repeat, warmup, min_repeat_ms, seed) -> tuple[list[float], int]:
+    """Export ``module_text`` (LEIR) for CUDA, load it with the runtime and run the timing
+    protocol in this process; returns (seconds per call per measurement, number). The unit
+    of work of :func:`measure` on ``cuda`` in a worker. Raises Build/ExecError."""
     import tempfile  # noqa: PLC0415
 
-    from .cuda_runtime import cuda_available, device_args, load_built  # noqa: PLC0415
-    from .errors import ExecError  # noqa: PLC0415
-    from .perf import export_cuda_cached  # noqa: PLC0415
+    from ..backend.cuda_runtime import device_args, load_built  # noqa: PLC0415
+    from ..backend.perf import export_cuda_cached  # noqa: PLC0415
+    from ..leir import parse_leir  # noqa: PLC0415
 
-    why = cuda_available()
-    if why:
-        raise ExecError(f"--device cuda: {why}")
+    module = parse_leir(module_text)
     with tempfile.TemporaryDirectory(prefix="stp-time-") as tmp:
-        built, _ = export_cuda_cached(module, tmp)
+        built, _ = export_cuda_cached(module, tmp, limits=limits)
         mod = load_built(built)
         args = device_args(built.params, "cuda", _inputs(module, seed))
-        secs, n = _run_protocol(mod, "cuda", args, number, repeat, warmup, min_repeat_ms)
-    return summarize(secs, n, "cuda", 1)
+        return _run_protocol(mod, "cuda", args, number, repeat, warmup, min_repeat_ms)
 
 
 __all__ = ["Timing", "measure", "speedup", "summarize", "cache_info", "clear_cache", "tvm_threads", "DEVICES",

@@ -1,0 +1,206 @@
+"""Worker isolation: the one place where work runs in a separate process under a limit.
+
+:class:`IsolatedRunner` runs module-level functions in a ``spawn`` worker process, one call
+at a time, under a time limit. Verification, CUDA runs and CUDA timings all go through it, so
+that a hanging kernel, a crash or a sticky CUDA error costs one call: the worker is killed
+(time limit), found dead (crash) or discarded after a device error (``discard_on_error``),
+and the next call starts a fresh interpreter with a fresh CUDA context.
+
+Imports only the standard library and :mod:`steptp.backend.errors` (which imports nothing),
+so it also runs on a GPU node that has only numpy and ``apache-tvm-ffi``
+(:mod:`steptp.gpu.run`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import signal
+import sys
+from typing import Callable
+
+from ..backend.errors import BackendError, ExecError
+
+
+class WorkerCallError(RuntimeError):
+    """A call could not be handed to the worker (its function or arguments do not pickle):
+    a defect of the caller, not of the candidate, so it is never reported as an Exec
+    failure of a program. Raised by :meth:`IsolatedRunner.call`."""
+
+
+def _worker_main(conn) -> None:  # pragma: no cover - runs in the child process
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        fn, args, kwargs = msg
+        try:
+            reply = ("ok", fn(*args, **kwargs))
+        except BackendError as e:
+            reply = ("err", e)
+        except BaseException as e:  # noqa: BLE001
+            reply = ("err", ExecError(f"{type(e).__name__}: {e}"))
+        try:
+            conn.send(reply)
+        except Exception as e:  # unpicklable result
+            conn.send(("err", ExecError(f"worker could not send its result: {e}")))
+
+
+@contextlib.contextmanager
+def without_main_module():
+    """Hide ``__main__``'s file/spec while a spawn child starts, so the child does not
+    re-import the caller's script (the worker only runs functions of this package; an
+    unguarded script would otherwise run again in the child)."""
+    main = sys.modules.get("__main__")
+    saved = {}
+    for attr in ("__file__", "__spec__"):
+        if main is not None and hasattr(main, attr):
+            saved[attr] = getattr(main, attr)
+    try:
+        if "__file__" in saved:
+            del main.__file__
+        if "__spec__" in saved:
+            main.__spec__ = None
+        yield
+    finally:
+        for attr, val in saved.items():
+            setattr(main, attr, val)
+
+
+def signal_name(code: int | None) -> str:
+    """``SIGSEGV`` for exit code -11, ``exit code 3`` for 3, ``unknown`` for None."""
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class IsolatedRunner:
+    """A worker process (``multiprocessing`` spawn context) that runs one call at a time
+    under a time limit.
+
+    ``call(fn, *args, timeout_s=None, discard_on_error=False)`` runs a module-level
+    function ``fn`` in the worker and returns its result, re-raises a
+    :class:`~steptp.backend.errors.BackendError` it raised, and raises
+    :class:`~steptp.backend.errors.ExecError` when the worker exceeds the time limit (it is
+    killed) or dies (segfault...). With ``discard_on_error`` (device work: CUDA errors such
+    as an illegal address are sticky, they poison the process's CUDA context) the worker is
+    also discarded after an ``ExecError``. A dead, killed or discarded worker is restarted
+    lazily on the next call, so one bad kernel costs one call. Arguments that do not pickle
+    raise :class:`WorkerCallError` (a caller defect), the worker untouched. Starting a
+    worker costs about 1-2 s (``import tvm``). ``restarts`` counts workers replaced.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, timeout_s: float = 60.0):
+        self.timeout_s = timeout_s
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        """Start the worker if it is not running (about 1-2 s: a fresh interpreter imports tvm)."""
+        if self._proc is not None and self._proc.is_alive():
+            return
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="stp-worker")
+        with without_main_module():
+            proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the running worker, or None."""
+        return self._proc.pid if self._proc is not None and self._proc.is_alive() else None
+
+    def discard(self) -> None:
+        """Kill the worker now (the next call starts a fresh one); counts as a restart."""
+        self._kill()
+
+    def _kill(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(5)
+        try:
+            self._conn.close()
+        except Exception:
+            pass
+        self._proc = self._conn = None
+        self.restarts += 1
+
+    def _send(self, msg) -> None:
+        try:
+            self._conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            self._kill()
+            self.start()
+            self._conn.send(msg)
+
+    def call(self, fn: Callable, *args, timeout_s: float | None = None, discard_on_error: bool = False, **kwargs):
+        """Run ``fn(*args, **kwargs)`` in the worker (see the class docstring)."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        self.start()
+        try:
+            self._send((fn, args, kwargs))
+        except (BrokenPipeError, ConnectionResetError, EOFError) as e:
+            self._kill()
+            raise ExecError(f"worker process unreachable: {e}") from None
+        except Exception as e:  # noqa: BLE001  (pickling: TypeError, PicklingError, AttributeError...)
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise WorkerCallError(f"cannot send {name}(...) to the worker process: {type(e).__name__}: {e}") from None
+        if not self._conn.poll(limit):
+            self._kill()
+            raise ExecError(f"time limit of {limit:g} s exceeded; the worker process was killed")
+        try:
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            code = self._proc.exitcode
+            self._kill()
+            raise ExecError(f"worker process crashed ({signal_name(code)})") from None
+        if status == "err":
+            if discard_on_error and isinstance(value, ExecError):
+                self._kill()
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Stop the worker (politely, then by force)."""
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(None)
+            self._proc.join(2)
+        except Exception:
+            pass
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(2)
+        self._proc = self._conn = None
+
+    def __enter__(self) -> "IsolatedRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+__all__ = ["IsolatedRunner", "WorkerCallError", "without_main_module", "signal_name"]
