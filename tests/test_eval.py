@@ -132,8 +132,8 @@ def test_slow_server_times_out_as_a_failed_case_and_500_is_retried(tmp_path):
     table = _oracle_table(progs)
     with OpenAIStub(_oracle(table), delay=3.0) as stub:
         t0 = time.monotonic()
-        r = _eval(progs, "-o", tmp_path / "slow", "--endpoint", stub.url, "--model", "m", "--timeout", "0.5",
-                  "--retries", "0", "--no-recognise")
+        r = _eval(progs, "-o", tmp_path / "slow", "--endpoint", stub.url, "--model", "m",
+                  "--request-timeout", "0.5", "--retries", "0", "--no-recognise")
         assert time.monotonic() - t0 < 30
     assert r.exit_code == 0, r.output
     rec = json.loads((tmp_path / "slow" / "results.jsonl").read_text().splitlines()[0])

@@ -235,8 +235,9 @@ def test_bad_inputs_exit_2(tmp_path):
 
     root = _root(tmp_path)
     if cuda_problem():
-        r = runner.invoke(app, ["search", str(root), "-o", str(tmp_path / "x"), "--target", "cuda"])
-        assert r.exit_code == 2 and r.output.count("\n") == 1 and "--target cuda" in r.output
+        for flag in ("--device", "--target"):  # --target: the deprecated alias of --device
+            r = runner.invoke(app, ["search", str(root), "-o", str(tmp_path / "x"), flag, "cuda"])
+            assert r.exit_code == 2 and r.output.count("\n") == 1 and "--device cuda" in r.output
     for args in (["--algorithm", "astar"], ["--policy", "oracle"], ["--policy", "replay"],
                  ["--breadth", "3", "--algorithm", "beam"]):
         r = runner.invoke(app, ["search", str(root), "-o", str(tmp_path / "x"), *args])

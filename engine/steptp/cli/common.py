@@ -94,3 +94,15 @@ def guard_rule(path: Path, fn):
         if msg is None:
             raise
         fail(msg)
+
+
+def internal_errors_exit(internal: int, programs: int, where) -> None:
+    """No silent success: when every one of ``programs`` (> 0) failed for an internal reason
+    (an unexpected exception, a crashed worker; not bad input, not merely no verified result),
+    exit 1 with ``error: all N program(s) failed with internal errors; see WHERE``. When only
+    some did, print how many on stderr and return (the exit code stays the command's own)."""
+    if internal <= 0:
+        return
+    if internal >= programs:
+        fail(f"all {programs} program(s) failed with internal errors; see {where}", 1)
+    typer.echo(f"{internal} of {programs} program(s) failed with internal errors; see {where}", err=True)

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import fail
+from .common import fail, guard_rule, internal_errors_exit
 
 
 @app.command()
@@ -58,20 +58,26 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                             "(the GPU form on the GPU; references stay on the CPU).")):
     """Generate the dictionary dataset and the single/multi-answer chat sets (ms-swift messages).
 
-    The output files do not depend on -j or --ray: programs are recorded in input order."""
+    The output files do not depend on -j or --ray: programs are recorded in input order.
+    Exit 1 when every program failed with an internal error (report.json: internal_errors)
+    or a worker process died, 2 for bad input."""
     from .timing import device_problem
 
     problem = device_problem(device)
     if problem:
         fail(problem)  # before anything is created or changed under OUTDIR
     from ..dataset.generate import Options
-    from ..dataset.pipeline import DatasetError, generate_dataset
+    from ..dataset.pipeline import DatasetError, WorkerCrashed, generate_dataset
     from ..resources import rules_dir
+    from ..rules import load_rule
 
     rule_paths = [str(p) for p in (rules or sorted(rules_dir().glob("*.yaml")))]
     for p in rule_paths:
         if not Path(p).exists():
             fail(f"{p}: no such rule file")
+        # a broken rule file is bad input (exit 2 before anything is written), not an internal
+        # error of every program
+        guard_rule(Path(p), lambda p=p: load_rule(p))
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
                    isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device, time=time_steps,
                    rounds=rounds)
@@ -87,6 +93,8 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                   progress=not quiet,
                                   use_ray=use_ray or ray_address is not None, ray_address=ray_address,
                                   batch=batch)
+    except WorkerCrashed as e:
+        fail(str(e), 1)  # internal (killed, out of memory), not bad input
     except (DatasetError, FileNotFoundError, ValueError) as e:
         fail(str(e))
     except RayUnavailable as e:
@@ -104,6 +112,7 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                                    "by_strategy", "by_level")}, indent=2))
     if report["programs_failed"]:
         typer.echo(f"{len(report['programs_failed'])} program(s) skipped; see {outdir}/report.json", err=True)
+    internal_errors_exit(report.get("internal_errors", 0), report["programs"], outdir / "report.json")
 
 
 @app.command()

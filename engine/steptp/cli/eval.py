@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import fail
+from .common import fail, internal_errors_exit
 
 
 @app.command("eval")
@@ -27,20 +27,23 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
           temperature: float = typer.Option(0.0, "--temperature", min=0.0),
           max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1),
           workers: int = typer.Option(1, "-j", "--workers", min=1, help="Concurrent requests (threads)."),
-          timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Time limit per request in seconds."),
+          request_timeout: float = typer.Option(600.0, "--request-timeout", min=0.1,
+                                                help="Time limit per endpoint request in seconds."),
           retries: int = typer.Option(2, "--retries", min=0, help="Retries per request on 429/5xx/connection errors."),
           seed: int = typer.Option(0, "--seed", help="Seed of the verification inputs and of --policy engine."),
           trials: int = typer.Option(3, "--trials", min=1, help="Seeded verification trials per check."),
-          verify_timeout: float = typer.Option(60.0, "--verify-timeout", min=1.0,
-                                               help="Time limit per verification in seconds."),
+          timeout: float = typer.Option(60.0, "--timeout", "--verify-timeout", min=1.0,
+                                        help="Time limit per verification in seconds, as in stp search "
+                                             "(--verify-timeout: deprecated alias; the per-request limit is "
+                                             "--request-timeout)."),
           no_recognise: bool = typer.Option(False, "--no-recognise", help="Skip the strategy recogniser."),
           quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
     """Evaluate single-step transformations: prompt with the chat set's single-answer prompt, score
     every answer with Diff / Build / Exec / Equal (paper Table 2), pass@k, and the strategies used
     (Fig. 5). Writes OUTDIR/results.jsonl, summary.json, report.md and plots.
 
-    Exit 0 when the run completes (whatever the scores), 1 when the endpoint is unreachable,
-    2 for bad input."""
+    Exit 0 when the run completes (whatever the scores), 1 when the endpoint is unreachable or
+    every case failed with an internal error (summary.json: internal_errors), 2 for bad input."""
     from ..eval import AnswersFilePolicy, EndpointPolicy, EnginePolicy, EvalError, EvalOptions, IdentityPolicy, evaluate
     from ..llm import ChatClient, EndpointError
 
@@ -51,7 +54,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
         if endpoint is not None:
             if not model:
                 fail("--endpoint needs --model NAME")
-            pol = EndpointPolicy(ChatClient(endpoint, model, timeout_s=timeout, max_retries=retries),
+            pol = EndpointPolicy(ChatClient(endpoint, model, timeout_s=request_timeout, max_retries=retries),
                                  temperature=temperature, max_tokens=max_tokens)
         elif answers is not None:
             pol = AnswersFilePolicy(answers)
@@ -61,7 +64,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
             pol = IdentityPolicy()
         else:
             fail(f"unknown --policy {policy!r}: expected engine or identity")
-        opts = EvalOptions(samples=samples, workers=workers, seed=seed, trials=trials, verify_timeout_s=verify_timeout,
+        opts = EvalOptions(samples=samples, workers=workers, seed=seed, trials=trials, verify_timeout_s=timeout,
                            recognise=not no_recognise, progress=not quiet)
         s = evaluate([str(i) for i in inputs], outdir, pol, opts)
     except EndpointError as e:
@@ -74,6 +77,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
     typer.echo(json.dumps({**{k: s[k] for k in keys}, "pass_at_k": s["pass_at_k"]["equal"]}, indent=2))
     if s["skipped"]:
         typer.echo(f"{len(s['skipped'])} input(s) skipped; see {outdir}/summary.json", err=True)
+    internal_errors_exit(s.get("internal_errors", 0), s["cases"] + len(s["skipped"]), outdir / "summary.json")
 
 
 @app.command()

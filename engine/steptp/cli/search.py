@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import fail
+from .common import fail, internal_errors_exit
 
 ALGORITHM_HELP = "greedy, beam, bfs, dfs, mcts, chain or chain-no-parent (paper App. B.2)."
 
@@ -30,8 +30,9 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
            model: Optional[str] = typer.Option(None, "--model", help="Model name at the endpoint (--policy llm)."),
            api_key: Optional[str] = typer.Option(None, "--api-key", help="Default: $OPENAI_API_KEY."),
            replay: Optional[Path] = typer.Option(None, "--replay", help="JSONL proposals (--policy replay)."),
-           target: str = typer.Option("cpu", "--target", help="cpu or cuda: where candidates are verified and "
-                                                               "timed."),
+           device: str = typer.Option("cpu", "--device", "--target",
+                                      help="cpu or cuda: where candidates are verified and timed, as in stp verify "
+                                           "and stp dataset (--target: deprecated alias)."),
            iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min=1,
                                                     help="Iterations (expansions for bfs/dfs); default 20."),
            breadth: Optional[int] = typer.Option(None, "--breadth", min=1, help="Greedy: candidates per step (2)."),
@@ -64,9 +65,11 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
 
     Writes OUT/summary.json (samples, speedup = Runtime_root/Runtime_best, strategies,
     efficiency = speedup/samples, best, trajectory), OUT/best.leir and OUT/tree.jsonl per
-    program, and OUT/report.md (Table 3/4-style rows, speedup-vs-samples plot). Exit 0 when
-    the searches ran (a search without any speedup included), 1 when the endpoint is
-    unreachable, 2 for bad input or an unavailable --target."""
+    program, OUT/report.md (Table 3/4-style rows, speedup-vs-samples plot) and
+    OUT/run_summary.json (failed programs: internal_errors apart from input_errors). Exit 0
+    when the searches ran (a search without any speedup included), 1 when the endpoint is
+    unreachable or every program failed with an internal error, 2 for bad input or an
+    unavailable --device."""
     from ..search import ALGORITHMS, POLICIES, SearchConfig, SearchInputError, TargetUnavailable
     from ..search.run import export_chat as do_export
     from ..search.run import search_many
@@ -77,14 +80,14 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         fail(f"--policy {policy}: expected one of {', '.join(POLICIES)}")
     if rank not in ("random", "cost"):
         fail(f"--rank {rank}: expected random or cost")
-    if target not in ("cpu", "cuda"):
-        fail(f"--target {target}: expected cpu or cuda")
-    if target == "cuda":
+    if device not in ("cpu", "cuda"):
+        fail(f"--device {device}: expected cpu or cuda")
+    if device == "cuda":
         from ..search.evaluate import cuda_problem
 
         why = cuda_problem()
         if why:
-            fail(f"--target cuda: {why}")
+            fail(f"--device cuda: {why}")
     if policy == "replay" and replay is None:
         fail("--policy replay needs --replay FILE.jsonl")
     if policy == "llm" and (not endpoint or not model):
@@ -109,14 +112,15 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         names = {"breadth": "--breadth", "per_node": "--per-node", "k": "--beam-k", "max_depth": "--max-depth",
                  "c": "--exploration", "rollout_depth": "--rollout-depth"}
         fail(f"{', '.join(names[b] for b in bad)}: not a parameter of --algorithm {algorithm}")
-    cfg = SearchConfig(algorithm=algorithm, policy=policy, rank=rank, target=target, seed=seed, iterations=iterations,
+    cfg = SearchConfig(algorithm=algorithm, policy=policy, rank=rank, device=device, seed=seed, iterations=iterations,
                        overrides={k: v for k, v in overrides.items() if v is not None}, per_rule=per_rule,
                        timeout_s=timeout, max_samples=max_samples, temperature=temperature, max_tokens=max_tokens,
                        replay=str(replay) if replay else None, progress=not quiet)
     errors: list[str] = []
+    info: dict = {}
     try:
         sms = search_many([str(p) for p in programs], out, cfg, client=client,
-                          on_error=lambda p, m: errors.append(m))
+                          on_error=lambda p, m: errors.append(m), run_info=info)
     except SearchInputError as e:
         fail(str(e))
     except TargetUnavailable as e:
@@ -138,3 +142,4 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     if export_chat is not None:
         n = do_export(out, export_chat)
         typer.echo(f"wrote {n} chat record(s) to {export_chat}", err=True)
+    internal_errors_exit(info.get("internal_errors", 0), info.get("programs", 0), Path(out) / "run_summary.json")

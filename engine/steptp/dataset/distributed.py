@@ -23,7 +23,7 @@ import socket
 from collections import deque
 from typing import Iterator, Sequence
 
-from .generate import Options, ProgramResult, process_batch_safe
+from .generate import INTERNAL_ERROR, Options, ProgramResult, process_batch_safe
 from .sources import Source
 
 
@@ -107,7 +107,7 @@ def ray_results(batches: Sequence[Sequence[Source]], opts: Options, address: str
                 results = ray.get(ref)
             except Exception as e:  # noqa: BLE001 - a lost task costs its programs, not the run
                 results = [ProgramResult(str(src.path), src.key, None, [], [],
-                                         error=f"internal error: Ray task failed: {type(e).__name__}: {e}")
+                                         error=f"{INTERNAL_ERROR}Ray task failed: {type(e).__name__}: {e}")
                            for src in batch]
             nxt = next(it, None)
             if nxt is not None:

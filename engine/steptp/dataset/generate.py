@@ -61,7 +61,7 @@ class ProgramResult:
     program: str | None
     entries: list[dict]
     attempts: list[dict]        # one per tried candidate: rule, outcome, reason
-    error: str | None = None    # the program itself could not be used
+    error: str | None = None    # the program could not be used (bad input), or "internal error: ..." (a crash)
     seconds: float = 0.0
 
 
@@ -161,12 +161,12 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
 
 def entry_timing(original: LeirModule, transformed: LeirModule, device: str = "cpu") -> dict:
     """``{original_us, transformed_us, speedup, device}`` of one verified step:
-    :func:`steptp.backend.timing.measure` of both programs on ``device`` (CPU: the
+    :func:`steptp.runner.timing.measure` of both programs on ``device`` (CPU: the
     performance build; same seeded inputs; median microseconds per call), speedup =
     original / transformed (paper App. B.2). A program that cannot be timed gives
     ``{"device", "error"}`` instead: the entry is kept, its timing is not invented."""
     from ..backend.errors import BackendError
-    from ..backend.timing import measure, speedup
+    from ..runner.timing import measure, speedup
 
     try:
         a, b = measure(original, device), measure(transformed, device)
@@ -323,6 +323,10 @@ class _Program:
                 self.module, self.original_check = load_source(src, opts)
             except Exception as e:  # noqa: BLE001 - one bad program must not stop the run
                 self.error = f"{type(e).__name__}: {e}"
+            if self.error is None:
+                from ..faults import inject
+
+                inject(src.path)  # STP_FAULT_INJECT (tests): an unexpected crash -> "internal error: ..."
         if self.error is None:
             self.runs = [_RuleRun(load_rule(p), self.module, src, opts, key) for p in opts.rule_paths]
         self.seconds += time.perf_counter() - t0
@@ -447,13 +451,25 @@ def process(src: Source, opts: Options) -> ProgramResult:
     return process_batch([src], opts)[0]
 
 
+#: Prefix of :attr:`ProgramResult.error` for a program lost to an unexpected crash (not bad
+#: input): ``stp dataset`` counts these as ``internal_errors`` and exits 1 when all are.
+INTERNAL_ERROR = "internal error: "
+
+
+def is_internal_error(error: str | None) -> bool:
+    """Whether a program error (``ProgramResult.error``, ``state.jsonl`` ``error``) is an
+    internal one (an unexpected crash, a failed Ray task) rather than bad input."""
+    return isinstance(error, str) and error.startswith(INTERNAL_ERROR)
+
+
 def process_safe(src: Source, opts: Options) -> ProgramResult:
-    """:func:`process` that turns any unexpected crash into a ProgramResult error."""
+    """:func:`process` that turns any unexpected crash into a ProgramResult error
+    (``internal error: ...``, see :func:`is_internal_error`)."""
     try:
         return process(src, opts)
     except Exception as e:  # noqa: BLE001
         return ProgramResult(str(src.path), src.key, None, [], [],
-                             error=f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+                             error=f"{INTERNAL_ERROR}{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
 
 
 def process_batch_safe(srcs: list[Source], opts: Options) -> list[ProgramResult]:
@@ -479,5 +495,5 @@ def _leir_or_str(x) -> str:
     return str(x)
 
 
-__all__ = ["Options", "ProgramResult", "entry_id", "entry_timing", "load_source", "process", "process_batch", "process_batch_safe",
-           "process_safe"]
+__all__ = ["INTERNAL_ERROR", "Options", "ProgramResult", "entry_id", "entry_timing", "is_internal_error", "load_source",
+           "process", "process_batch", "process_batch_safe", "process_safe"]

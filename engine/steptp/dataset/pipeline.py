@@ -8,7 +8,8 @@ Output directory layout::
     OUTDIR/attempts.jsonl      every tried candidate with its outcome (failures included)
     OUTDIR/chat_single.jsonl   ms-swift single-answer set (filtered, derived; atomic rewrite)
     OUTDIR/chat_multi.jsonl    ms-swift multi-answer set (filtered, derived; atomic rewrite)
-    OUTDIR/report.json         counts per strategy/category/level, pass rates, sizes
+    OUTDIR/report.json         counts per strategy/category/level, pass rates, sizes, failed programs
+                               (internal_errors: crashes, input_errors: bad programs)
 
 With ``--rounds N`` (:class:`~steptp.dataset.generate.Options` ``rounds``) a program's
 result holds the entries of all its rounds (derived originals included), so its state line
@@ -40,7 +41,7 @@ from tqdm import tqdm
 
 from .chat import multi_messages, single_messages
 from .difficulty import FilterPolicy, filter_multi_items, keep_single, paper_sets
-from .generate import Options, ProgramResult, process_batch_safe
+from .generate import Options, ProgramResult, is_internal_error, process_batch_safe
 from .resume import ResumeError, load_resume_state
 from .sources import discover
 from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
@@ -48,6 +49,11 @@ from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_a
 
 class DatasetError(RuntimeError):
     """Unusable output directory or options (e.g. resuming with other options)."""
+
+
+class WorkerCrashed(DatasetError):
+    """A worker process died (killed, out of memory): an internal failure, not bad input
+    (the CLI exits 1). What was recorded stays; a rerun resumes."""
 
 
 def _run_options(opts: Options, policy: FilterPolicy) -> dict:
@@ -110,8 +116,8 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     Raises :class:`DatasetError` when ``outdir`` holds a run made with other options,
     ``FileNotFoundError``/``ValueError`` for bad inputs and
     :class:`steptp.dataset.distributed.RayUnavailable` for an unreachable ``ray_address``
-    (all before anything is written); :class:`DatasetError` too when a worker process dies
-    (killed, out of memory): what was recorded stays, and a rerun resumes.
+    (all before anything is written); :class:`WorkerCrashed` (a :class:`DatasetError`) when a
+    worker process dies (killed, out of memory): what was recorded stays, and a rerun resumes.
     """
     policy = policy or FilterPolicy(seed=opts.seed)
     sources = discover(inputs)
@@ -127,7 +133,7 @@ def generate_dataset(inputs: list[str], outdir: str | Path, opts: Options, polic
     except OSError as e:
         raise DatasetError(f"{e.filename or out}: cannot write: {e.strerror or e}") from None
     except BrokenProcessPool as e:
-        raise DatasetError(f"a worker process died ({e or 'killed'}); the programs recorded so far are kept in "
+        raise WorkerCrashed(f"a worker process died ({e or 'killed'}); the programs recorded so far are kept in "
                            f"{out}, rerun the same command to resume") from None
 
 
@@ -243,10 +249,17 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     attempts = list(read_jsonl(out / "attempts.jsonl"))
     tried = Counter(a["rule"] for a in attempts)
     passed = Counter(a["rule"] for a in attempts if a["outcome"] == "equal")
+    failed = [s for s in states if s.get("error")]
+    internal = sum(1 for s in failed if is_internal_error(s["error"]))
     report = {
         "programs": len(states),
-        "programs_failed": sorted(({"source": s.get("source"), "error": s["error"]} for s in states if s.get("error")),
+        "programs_failed": sorted(({"source": s.get("source"), "error": s["error"]} for s in failed),
                                   key=lambda d: str(d["source"])),
+        # programs lost to a crash (an unexpected exception, a failed Ray task) vs. programs that
+        # are bad input (unparsable, untranslatable, not equal to PyTorch); rejected candidates
+        # of usable programs are neither (attempts.jsonl, candidate_pass_rate)
+        "internal_errors": internal,
+        "input_errors": len(failed) - internal,
         "entries": len(entries),
         "chat_single": len(singles),
         "chat_multi": len(multis),
@@ -269,4 +282,5 @@ def _mean(xs) -> float:
     return round(sum(xs) / len(xs), 1) if xs else 0.0
 
 
-__all__ = ["BATCH_PROGRAMS", "DatasetError", "generate_dataset", "filtered_sets", "build_derived", "program_batches"]
+__all__ = ["BATCH_PROGRAMS", "DatasetError", "WorkerCrashed", "generate_dataset", "filtered_sets", "build_derived",
+           "program_batches"]

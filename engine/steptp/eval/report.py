@@ -87,7 +87,8 @@ def format_report(s: dict, files: dict[str, str] | None = None) -> str:
                     [[who] + [f"{100 * s[k]:.1f} %" for k in STAGES]]))
     L.append("")
     L.append(f"Parsed answers: {_pct(s.get('parse'))}; request errors: {s.get('request_errors', 0)}; "
-             f"skipped inputs: {len(s.get('skipped', []))}.")
+             f"internal errors: {s.get('internal_error_samples', 0)} sample(s), {s.get('internal_errors', 0)} case(s) "
+             f"with no other result; skipped inputs: {len(s.get('skipped', []))}.")
     if s["samples"] > 1:
         L += ["", "## pass@k (Chen et al. 2021, unbiased estimator)", ""]
         ks = sorted(s["pass_at_k"]["equal"], key=int)

@@ -18,6 +18,12 @@ Output directory::
 
 Resume: a sample with a record is never asked again, except when its request failed
 (time-out, server error): those are asked again and the newest record counts.
+
+Failures of a sample are told apart in its record's ``error``: ``request`` (the endpoint),
+``answer`` (no usable answer), ``internal`` (an unexpected exception while asking the policy
+or scoring: a bug or a crash, never the model's fault), None (scored; the stages say how far
+it got). ``summary.json`` counts ``internal_errors`` (cases whose every sample failed
+internally) apart from failed answers; ``stp eval`` exits 1 when every case did.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from .policies import Answer, Case, Policy
 
 class EvalError(RuntimeError):
     """Bad input or output directory (exit 2 in the CLI)."""
+
+
+#: Reason prefix of a sample lost to an unexpected exception (its record's ``error`` is ``internal``).
+INTERNAL_ERROR = "internal error: "
 
 
 @dataclass
@@ -135,11 +145,9 @@ class _Scorer:
     def close(self) -> None:
         self.runner.close()
 
-    def score(self, case: Case, sample: int, ans: Answer) -> dict:
-        from ..llm import parse_single
-        from ..verify import verify_pair
-
-        t0 = time.perf_counter()
+    @staticmethod
+    def record(case: Case, sample: int, ans: Answer) -> dict:
+        """The result record of a sample before scoring (every stage failed)."""
         rec = {"case": case.id, "source": case.source, "program": case.program, "sample": sample,
                "prompt": case.prompt, "answer": ans.text, "parsed_leir": None, "named_strategy": "",
                "named_rule": None, "recognised": [], "recognition_complete": None, "stage": "none",
@@ -148,11 +156,35 @@ class _Scorer:
                "finish_reason": ans.finish_reason}
         if ans.extra:
             rec["policy_info"] = ans.extra
-        if ans.error is not None:
-            rec["reason"] = ans.error
-            rec["error"] = "request" if ans.error.startswith("request:") else "answer"
+        return rec
+
+    def score_safe(self, case: Case, sample: int, ans: Answer) -> dict:
+        """:meth:`score` that never raises: an unexpected exception becomes a record with
+        ``error: "internal"`` (the run goes on with the next sample)."""
+        t0 = time.perf_counter()
+        try:
+            return self.score(case, sample, ans)
+        except Exception as e:  # noqa: BLE001 - a crash costs its sample, and is counted as internal
+            rec = self.record(case, sample, ans)
+            rec["error"] = "internal"
+            rec["reason"] = f"{INTERNAL_ERROR}scoring: {type(e).__name__}: {e}"[:500]
             rec["seconds"] = round(time.perf_counter() - t0, 3)
             return rec
+
+    def score(self, case: Case, sample: int, ans: Answer) -> dict:
+        from ..faults import inject
+        from ..llm import parse_single
+        from ..verify import verify_pair
+
+        t0 = time.perf_counter()
+        rec = self.record(case, sample, ans)
+        if ans.error is not None:
+            rec["reason"] = ans.error
+            rec["error"] = ("request" if ans.error.startswith("request:")
+                            else "internal" if ans.error.startswith(INTERNAL_ERROR) else "answer")
+            rec["seconds"] = round(time.perf_counter() - t0, 3)
+            return rec
+        inject(case.source)  # STP_FAULT_INJECT (tests): an unexpected crash while scoring
         cand = parse_single(ans.text, case.module.signature)
         rec["named_strategy"] = cand.strategy
         if self.recognizer is not None and cand.strategy:
@@ -173,6 +205,7 @@ class _Scorer:
             flags = {s: False for s in STAGES}
             flags["diff"] = cand.leir != format_program(case.module.program)
             reason = f"verification error: {type(e).__name__}: {e}"[:500]
+            rec["error"] = "internal"  # verify_pair reports bad programs as failed stages; it never should raise
         # progressive: a stage counts only when every earlier one passed
         ok = True
         for s in STAGES:
@@ -264,15 +297,16 @@ def _run(todo, policy: Policy, scorer: _Scorer, appender, opts: EvalOptions) -> 
                         answers = fut.result()
                     except Exception as e:  # noqa: BLE001 - a policy crash costs this case
                         answers = [(k, Answer("", error=f"request: {type(e).__name__}: {e}"[:500])) for k in missing]
-                    appender.write_many([scorer.score(case, k, a) for k, a in answers])
+                    appender.write_many([scorer.score_safe(case, k, a) for k, a in answers])
                     bar.update(1)
         else:
             for case, missing in todo:
                 try:
                     answers = _ask(policy, case, missing)
-                except Exception as e:  # noqa: BLE001 - a policy crash costs this case
-                    answers = [(k, Answer("", error=f"policy: {type(e).__name__}: {e}"[:500])) for k in missing]
-                appender.write_many([scorer.score(case, k, a) for k, a in answers])
+                except Exception as e:  # noqa: BLE001 - a policy crash costs this case (internal, not the answer)
+                    answers = [(k, Answer("", error=f"{INTERNAL_ERROR}policy: {type(e).__name__}: {e}"[:500]))
+                               for k in missing]
+                appender.write_many([scorer.score_safe(case, k, a) for k, a in answers])
                 bar.update(1)
     finally:
         bar.close()
@@ -290,7 +324,10 @@ def summarise(records: list[dict], cases: list[Case], samples: int, skipped: lis
       claimed rule when that is among the recognised ones, else under the first;
     * ``claimed_vs_recognised``: rows ``{claimed, recognised, count}`` over samples that pass
       Diff, and ``agreement`` (fraction whose claimed rule is among the recognised);
-    * ``reasons``: the most frequent first-failure reasons of first samples.
+    * ``reasons``: the most frequent first-failure reasons of first samples;
+    * ``request_errors``: samples whose request failed; ``internal_error_samples``: samples lost to
+      an unexpected exception (record ``error: "internal"``); ``internal_errors``: cases whose
+      every sample was (these failed for an internal reason, not for their answers).
     """
     from ..rules import load_rules
 
@@ -350,6 +387,9 @@ def summarise(records: list[dict], cases: list[Case], samples: int, skipped: lis
     tokens = [r.get("completion_tokens") for v in per_case.values() for r in v if r.get("completion_tokens")]
     summary["completion_tokens_mean"] = sum(tokens) / len(tokens) if tokens else None
     summary["request_errors"] = sum(1 for r in latest.values() if r.get("error") == "request")
+    # crashes (not the answers' fault), apart from failed answers: samples, and cases whose every sample crashed
+    summary["internal_error_samples"] = sum(1 for r in latest.values() if r.get("error") == "internal")
+    summary["internal_errors"] = sum(1 for v in per_case.values() if v and all(r.get("error") == "internal" for r in v))
     summary["skipped"] = skipped or []
     if run is not None:
         summary["run"] = run

@@ -52,10 +52,10 @@ class Measure:
     """Verify-then-time evaluator of one search (see the module docstring).
 
     ``root``: the program every candidate is compared with. ``device``: ``cpu`` or
-    ``cuda`` (``stp search --device``). ``trials``/``seed``: verification trials (paper: 3). ``timeout_s``: time
-    limit of one verification. ``repeat``/``warmup``: timing repetitions (paper: 3/3).
-    ``timer``: optional ``fn(module) -> µs`` replacing :func:`time_us` (for another
-    device or a fixed measurement protocol).
+    ``cuda`` (``stp search --device``). ``trials``/``seed``: verification trials (paper: 3).
+    ``timeout_s``: time limit of one verification. ``repeat``/``warmup``: timing
+    repetitions (paper: 3/3). ``timer``: optional ``fn(module) -> µs`` replacing
+    :func:`time_us` (for another device or a fixed measurement protocol).
     """
 
     root: LeirModule

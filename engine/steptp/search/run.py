@@ -16,7 +16,11 @@ One search per program (:func:`search_program`) writes into its directory:
 
 :func:`search_many` runs several programs (resumable: a program whose ``summary.json``
 exists is skipped) and writes ``report.md`` (a Table 3/4-style row per algorithm, paper
-§4.4) with a plot of best speedup vs. samples. Metrics follow paper §4.4: search
+§4.4) with a plot of best speedup vs. samples, and ``run_summary.json``: the programs of the
+run, how many were searched, and those that failed, as ``input_errors`` (bad program or
+option) apart from ``internal_errors`` (an unexpected exception: a bug or a crash; the CLI
+exits 1 when every program failed so). Rejected candidates of a search are neither: they are
+nodes of its tree (``counts`` in its ``summary.json``). Metrics follow paper §4.4: search
 efficiency in the report = average speedup / average samples.
 """
 
@@ -49,7 +53,7 @@ class SearchConfig:
     algorithm: str = "greedy"
     policy: str = "engine"
     rank: str = "random"
-    target: str = "cpu"
+    device: str = "cpu"  # cpu or cuda: where candidates are verified and timed (stp search --device)
     seed: int = 0
     iterations: int | None = None
     overrides: dict = field(default_factory=dict)
@@ -62,6 +66,11 @@ class SearchConfig:
     replay: str | None = None
     progress: bool = True
     confirm_repeat: int = 10
+
+    @property
+    def target(self) -> str:
+        """The former name of :attr:`device` (read-only)."""
+        return self.device
 
     def algorithm_params(self) -> dict:
         p = dict(DEFAULTS[self.algorithm])
@@ -183,7 +192,7 @@ def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None):
     from .policies import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy
 
     if cfg.policy == "engine":
-        return EnginePolicy(rules, rank=cfg.rank, seed=cfg.seed, per_rule=cfg.per_rule, target=cfg.target)
+        return EnginePolicy(rules, rank=cfg.rank, seed=cfg.seed, per_rule=cfg.per_rule, target=cfg.device)
     if cfg.policy == "replay":
         if not cfg.replay:
             raise SearchInputError("--policy replay needs --replay FILE.jsonl")
@@ -195,7 +204,7 @@ def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None):
         if client is None:
             raise SearchInputError("--policy llm needs --endpoint URL and --model NAME")
         return LLMPolicy(client, algorithm=cfg.algorithm, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                         target=cfg.target, rules=rules, seed=cfg.seed)
+                         target=cfg.device, rules=rules, seed=cfg.seed)
     raise SearchInputError(f"unknown policy {cfg.policy!r}; one of {', '.join(POLICIES)}")
 
 
@@ -223,7 +232,9 @@ def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: flo
         counts[n.status] = counts.get(n.status, 0) + 1
     return {
         "program": name, "source": source, "algorithm": cfg.algorithm, "policy": cfg.policy,
-        "rank": cfg.rank if cfg.policy == "engine" else None, "target": cfg.target, "seed": cfg.seed,
+        "rank": cfg.rank if cfg.policy == "engine" else None, "device": cfg.device,
+        "target": cfg.device,  # the former name of "device", kept for readers of older summaries
+        "seed": cfg.seed,
         "params": cfg.algorithm_params(),
         "samples": samples, "speedup": speedup, "strategies": len(strategies), "strategy_list": strategies,
         "efficiency": speedup / samples if samples else 0.0,
@@ -258,11 +269,14 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
         path = Path(program)
         root, tr = load_program(path)
         source = str(path)
+    from ..faults import inject
+
+    inject(source)  # STP_FAULT_INJECT (tests): an unexpected crash in this program's search
     name = name or root.signature.name
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        measure = Measure(root, target=cfg.target, trials=cfg.trials, seed=cfg.seed, timeout_s=cfg.timeout_s,
+        measure = Measure(root, device=cfg.device, trials=cfg.trials, seed=cfg.seed, timeout_s=cfg.timeout_s,
                           timer=timer)
     except RootFailed as e:
         raise SearchInputError(f"{source}: {e}") from None
@@ -279,8 +293,8 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
             close()
     summary = summarize(s, cfg, name, source, time.perf_counter() - t_start)
     if s.best.id != 0 and timer is None and cfg.confirm_repeat:
-        summary["confirmed"] = confirm(root, s.best.module, cfg.target, cfg.confirm_repeat)
-    if tr is not None and cfg.target == "cpu":
+        summary["confirmed"] = confirm(root, s.best.module, cfg.device, cfg.confirm_repeat)
+    if tr is not None and cfg.device == "cpu":
         try:
             eager = eager_time_us(tr)
             summary["eager_time_us"] = eager
@@ -300,14 +314,14 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     return summary
 
 
-def confirm(root: LeirModule, best: LeirModule, target: str = "cpu", repeat: int = 10) -> dict:
+def confirm(root: LeirModule, best: LeirModule, device: str = "cpu", repeat: int = 10) -> dict:
     """Time root and best again with ``repeat`` measurements each (median, µs): the best
     of many noisy samples is biased upwards (winner's curse), this figure is not."""
     from .evaluate import time_us
 
     try:
-        r = time_us(root, target, repeat=repeat)
-        b = time_us(best, target, repeat=repeat)
+        r = time_us(root, device, repeat=repeat)
+        b = time_us(best, device, repeat=repeat)
     except Exception as e:  # noqa: BLE001 - informative only
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     return {"repeat": repeat, "root_time_us": r, "best_time_us": b, "speedup": r / b if b > 0 else None}
@@ -324,15 +338,19 @@ def _unique_names(paths: list[Path]) -> list[str]:
 
 
 def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=None, single_dir: bool | None = None,
-                on_error=None) -> list[dict]:
+                on_error=None, run_info: dict | None = None) -> list[dict]:
     """Search every program of ``inputs`` (see :func:`collect_programs`); each one's files
     go to ``OUTDIR/<program stem>/`` (or ``OUTDIR`` itself when there is one program file
     and ``single_dir`` is not False). Programs whose ``summary.json`` exists are skipped
-    (resume). Writes ``OUTDIR/report.md``. ``on_error(path, message)`` is called for a
-    program that cannot be loaded (default: raise)."""
+    (resume). Writes ``OUTDIR/report.md`` and ``OUTDIR/run_summary.json``
+    (:func:`run_summary`). ``on_error(path, message)`` is called for a program that fails
+    (default: raise); a single program that is bad input (:class:`SearchInputError`) and an
+    unavailable device (:class:`TargetUnavailable`) raise anyway. ``run_info``: a dict to
+    update with the run summary."""
     from tqdm import tqdm
 
     from ..rules import load_rules
+    from .evaluate import TargetUnavailable
 
     paths = collect_programs(inputs)
     out = Path(outdir)
@@ -340,6 +358,7 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
         single_dir = len(paths) == 1 and Path(inputs[0]).is_file()
     rules = load_rules()
     summaries = []
+    failed: list[dict] = []
     names = _unique_names(paths)
     for path, nm in tqdm(list(zip(paths, names)), desc="programs", unit="program",
                          disable=not cfg.progress or len(paths) == 1):
@@ -353,13 +372,32 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
                 pass  # an unreadable summary: search again
         try:
             summaries.append(search_program(path, d, cfg, client=client, rules=rules))
+        except TargetUnavailable:
+            raise  # the machine, not the program: every other program would fail the same way
         except Exception as e:  # noqa: BLE001 - one program's failure must not stop the others
-            if on_error is None or len(paths) == 1:
+            bad_input = isinstance(e, SearchInputError)
+            if on_error is None or (bad_input and len(paths) == 1):
                 raise
-            on_error(path, str(e) if isinstance(e, SearchInputError)
-                     else f"{path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
-    write_report(out)
+            msg = str(e) if bad_input else f"{path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            failed.append({"program": str(path), "error": msg, "internal": not bad_input})
+            on_error(path, msg)
+    info = run_summary(len(paths), len(summaries), failed)
+    write_report(out, info)
+    _write_atomic(out / "run_summary.json", json.dumps(info, indent=1) + "\n")
+    if run_info is not None:
+        run_info.update(info)
     return summaries
+
+
+def run_summary(programs: int, searched: int, failed: list[dict]) -> dict:
+    """``run_summary.json`` of :func:`search_many`: ``programs`` of the run, how many have a
+    search (``searched``, resumed ones included), the ``failed`` ones (``{program, error,
+    internal}``) and their counts: ``internal_errors`` (an unexpected exception: a bug or a
+    crash) apart from ``input_errors`` (a bad program or option). Rejected candidates are
+    neither (they are nodes of a search: ``counts`` in its ``summary.json``)."""
+    internal = sum(1 for f in failed if f["internal"])
+    return {"programs": programs, "searched": searched, "internal_errors": internal,
+            "input_errors": len(failed) - internal, "failed": failed}
 
 
 # ---------------------------------------------------------------------------
@@ -381,10 +419,10 @@ def load_summaries(outdir: str | Path) -> list[dict]:
 
 
 def table_rows(summaries: list[dict]) -> list[dict]:
-    """One row per (algorithm, policy, rank, target): paper Table 3 and 4 columns."""
+    """One row per (algorithm, policy, rank, device): paper Table 3 and 4 columns."""
     groups: dict[tuple, list[dict]] = {}
     for sm in summaries:
-        groups.setdefault((sm["algorithm"], sm["policy"], sm.get("rank"), sm["target"]), []).append(sm)
+        groups.setdefault((sm["algorithm"], sm["policy"], sm.get("rank"), _device(sm)), []).append(sm)
     rows = []
     for (alg, pol, rank, tgt), g in sorted(groups.items(), key=lambda kv: [str(x) for x in kv[0]]):
         sp = [x["speedup"] for x in g]
@@ -393,7 +431,8 @@ def table_rows(summaries: list[dict]) -> list[dict]:
         eager = [x["speedup_vs_eager"] for x in g if x.get("speedup_vs_eager")]
         conf = [_confirmed(x) for x in g]
         avg_s, avg_n = statistics.mean(sp), statistics.mean(smp)
-        rows.append({"algorithm": alg, "policy": pol + (f"/{rank}" if rank else ""), "target": tgt,
+        rows.append({"algorithm": alg, "policy": pol + (f"/{rank}" if rank else ""), "device": tgt,
+                     "target": tgt,  # the former name of "device"
                      "programs": len(g), "avg_samples": avg_n, "max_samples": max(smp), "avg_speedup": avg_s,
                      "median_speedup": statistics.median(sp), "max_speedup": max(sp),
                      "efficiency": avg_s / avg_n if avg_n else 0.0, "avg_strategies": statistics.mean(st),
@@ -402,6 +441,11 @@ def table_rows(summaries: list[dict]) -> list[dict]:
                      "avg_confirmed_speedup": statistics.mean(conf),
                      "wall_s": sum(x.get("seconds", {}).get("total", 0.0) for x in g)})
     return rows
+
+
+def _device(sm: dict) -> str:
+    """The device of a summary (``target`` in summaries written before ``device``)."""
+    return sm.get("device") or sm.get("target") or "cpu"
 
 
 def _confirmed(sm: dict) -> float:
@@ -445,8 +489,9 @@ def _plot(summaries: list[dict], path: Path) -> bool:
     return True
 
 
-def write_report(outdir: str | Path) -> Path:
-    """``OUTDIR/report.md`` (+ ``speedup_vs_samples.png``) over every summary under ``outdir``."""
+def write_report(outdir: str | Path, run_info: dict | None = None) -> Path:
+    """``OUTDIR/report.md`` (+ ``speedup_vs_samples.png``) over every summary under ``outdir``;
+    ``run_info`` (:func:`run_summary`): also the programs of the run that failed."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     sms = load_summaries(out)
@@ -455,13 +500,17 @@ def write_report(outdir: str | Path) -> Path:
              "Equal against the root (3 random + 2 ordered trials) and were timed; efficiency = average speedup / "
              "average samples (paper §4.4, Tables 3-4). Re-timed: root and best timed again with 10 measurements each "
              "(the best of many noisy 3-measurement samples overstates its speedup).", "",
-             "| algorithm | policy | target | programs | avg # samples | max # samples | avg speedup | median speedup "
+             "| algorithm | policy | device | programs | avg # samples | max # samples | avg speedup | median speedup "
              "| max speedup | efficiency | avg # strategies | max # strategies | avg re-timed speedup | avg speedup vs eager "
              "| wall s |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if run_info and run_info.get("failed"):
+        lines[4:4] = [f"{len(run_info['failed'])} of {run_info['programs']} program(s) failed: "
+                      f"{run_info['internal_errors']} with an internal error, {run_info['input_errors']} bad input "
+                      "(see run_summary.json).", ""]
     for r in table_rows(sms):
         ve = "n/a" if r["avg_speedup_vs_eager"] is None else f"{r['avg_speedup_vs_eager']:.2f}"
-        lines.append(f"| {r['algorithm']} | {r['policy']} | {r['target']} | {r['programs']} | {r['avg_samples']:.2f} | "
+        lines.append(f"| {r['algorithm']} | {r['policy']} | {r['device']} | {r['programs']} | {r['avg_samples']:.2f} | "
                      f"{r['max_samples']} | {r['avg_speedup']:.2f} | {r['median_speedup']:.2f} | {r['max_speedup']:.2f} | "
                      f"{r['efficiency']:.2f} | {r['avg_strategies']:.2f} | {r['max_strategies']} | "
                      f"{r['avg_confirmed_speedup']:.2f} | {ve} | "
@@ -489,7 +538,7 @@ def write_report(outdir: str | Path) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def chat_record(summary: dict, signature, rules=None, target: str | None = None) -> dict | None:
+def chat_record(summary: dict, signature, rules=None, device: str | None = None) -> dict | None:
     """A multi-step ms-swift record ``{"messages": [...]}`` of a summary's best trajectory:
     for each step, the search prompt at the current program (with its parent) as the user
     turn and the step (CoT + JSON answer) as the assistant turn. None for a trajectory
@@ -514,7 +563,7 @@ def chat_record(summary: dict, signature, rules=None, target: str | None = None)
         cur, nxt = nodes[i], nodes[i + 1]
         parent = nodes[i - 1] if i else None
         msgs.append({"role": "user", "content": render_prompt(summary["algorithm"], cur, parent, table,
-                                                               target or summary.get("target", "cpu"))})
+                                                               device or _device(summary))})
         answer = json.dumps([{"idx": 0, "transformed_IR": nxt.text,
                               "applied_strategies": [names.get(x, x) for x in _strategy_names(nxt.strategy)]}],
                             ensure_ascii=False)
@@ -547,6 +596,6 @@ def export_chat(outdir: str | Path, path: str | Path) -> int:
     return len(recs)
 
 
-__all__ = ["SearchConfig", "SearchInputError", "search_program", "search_many", "write_report", "export_chat",
-           "chat_record", "collect_programs", "load_program", "eager_time_us", "make_policy", "table_rows",
-           "load_summaries", "POLICIES", "Timer"]
+__all__ = ["SearchConfig", "SearchInputError", "search_program", "search_many", "run_summary", "write_report",
+           "export_chat", "chat_record", "collect_programs", "load_program", "eager_time_us", "make_policy",
+           "table_rows", "load_summaries", "POLICIES", "Timer"]
