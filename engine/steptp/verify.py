@@ -476,40 +476,57 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
         res.reason = f"build: {too_big}"
         return res
     run = _runner_for(isolated, runner)
-    sig = original.signature
 
-    # reference (original) outputs
+    ref = reference_data(original, trials, seed, ordered=ordered, rounding=rounding, input_fn=input_fn, runner=run,
+                         timeout_s=timeout_s)
+    if isinstance(ref, str):
+        res.reason = ref
+        return res
+    inputs, refs, slacks = ref
+
+    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits, artifacts,
+                            res.device, slacks)
+
+
+def reference_data(original: LeirModule, trials: int = 3, seed: int = 0, *, ordered: bool = True,
+                   rounding: bool = True, input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
+                   runner: IsolatedRunner | None = None, timeout_s: float = 60.0):
+    """What a candidate of ``original`` is compared with: ``(inputs, refs, slacks)``, one
+    item per trial (``trials`` seeded random input sets, then with ``ordered`` and no
+    ``input_fn`` the :data:`ORDERED_TRIALS` sets), the original's CPU outputs on them
+    (verification form, outputs poisoned) and, with ``rounding``, the allowance per
+    floating point output (:func:`rounding_slack`; None when nothing to promote). Cached
+    per (original text, seed, trials, ordered, rounding) when ``input_fn`` is None. Returns
+    a reason string starting ``original program failed`` instead when the original does not
+    build, run or write every output. Used by :func:`verify_pair` and by ``stp gpu pack``
+    (which stores refs and slacks so a GPU node compares with the same rule)."""
+    sig = original.signature
     key = (original.text(), int(seed), int(trials), bool(ordered), bool(rounding)) if input_fn is None else None
     cached = _REF_CACHE.get(key) if key is not None else None
     if cached is not None:
         _REF_CACHE.move_to_end(key)
-        inputs, refs, slacks = cached
+        return cached
+    if input_fn is None:
+        inputs = [random_inputs(sig, seed, k, [original.program]) for k in range(trials)]
+        if ordered:
+            inputs += [ordered_inputs(sig, seed, d, [original.program]) for d in ORDERED_TRIALS]
     else:
-        if input_fn is None:
-            inputs = [random_inputs(sig, seed, k, [original.program]) for k in range(trials)]
-            if ordered:
-                inputs += [ordered_inputs(sig, seed, d, [original.program]) for d in ORDERED_TRIALS]
-        else:
-            inputs = [dict(input_fn(seed, k)) for k in range(trials)]
-        try:
-            text, _, _ = _prepare(original, False, False, limits)
-            refs, _ = _execute(run, timeout_s, text, sig, inputs, None)
-        except BackendError as e:
-            res.reason = f"original program failed ({_stage_word(e)}): {e.reason}"
-            return res
-        for k, ref in enumerate(refs):
-            bad = poisoned_elements(ref, sig)
-            if bad:
-                res.reason = f"original program failed (exec): trial {k}: {bad}"
-                return res
-        slacks = _rounding_slacks(original, inputs, refs, run, timeout_s) if rounding else None
-        if key is not None:
-            _REF_CACHE[key] = (inputs, refs, slacks)
-            while len(_REF_CACHE) > _REF_CACHE_SIZE:
-                _REF_CACHE.popitem(last=False)
-
-    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits, artifacts,
-                            res.device, slacks)
+        inputs = [dict(input_fn(seed, k)) for k in range(trials)]
+    try:
+        text, _, _ = _prepare(original, False, False, DEFAULT_GPU)
+        refs, _ = _execute(runner, timeout_s, text, sig, inputs, None)
+    except BackendError as e:
+        return f"original program failed ({_stage_word(e)}): {e.reason}"
+    for k, ref in enumerate(refs):
+        bad = poisoned_elements(ref, sig)
+        if bad:
+            return f"original program failed (exec): trial {k}: {bad}"
+    slacks = _rounding_slacks(original, inputs, refs, runner, timeout_s) if rounding else None
+    if key is not None:
+        _REF_CACHE[key] = (inputs, refs, slacks)
+        while len(_REF_CACHE) > _REF_CACHE_SIZE:
+            _REF_CACHE.popitem(last=False)
+    return inputs, refs, slacks
 
 
 def promoted(module: LeirModule) -> LeirModule | None:
@@ -640,4 +657,4 @@ def clear_reference_cache() -> None:
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs",
-           "ORDERED_TRIALS", "promoted", "rounding_slack"]
+           "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs"]

@@ -552,7 +552,9 @@ class Built:
     ``lib`` (``kernel.so``), ``ptx_dir``, ``params`` (call order), ``device``
     (``cuda``/``cpu``), ``arch``, ``cuda_sha1`` (:func:`ptx_key` of its PTX; '' for cpu),
     ``program``, ``ptx_tag`` (the compiler tag of its PTX) and ``sim_lib`` (the CPU build
-    the simulated device runs instead of the CUDA library; None when not exported)."""
+    the simulated device runs instead of the CUDA library; None when not exported) and
+    ``func``, the library function of this program (``main``; ``k<i>`` in a batched library
+    of :func:`steptp.runner.builder.build_library`)."""
 
     directory: Path
     lib: Path
@@ -564,37 +566,50 @@ class Built:
     program: str = ""
     ptx_tag: str = ""
     sim_lib: Path | None = None
+    func: str = "main"
 
 
 MANIFEST = "manifest.json"
 
 
-def read_built(directory: str | os.PathLike) -> Built:
-    """The :class:`Built` of a directory written by ``export_cuda`` / ``export_cpu``
-    (``manifest.json`` + library). Raises :class:`ExecError` when it is incomplete."""
+def read_built(directory: str | os.PathLike, func: str | None = None) -> Built:
+    """The :class:`Built` of a directory written by ``export_cuda`` / ``export_cpu`` /
+    ``build_library`` (``manifest.json`` + library); ``func`` picks a function of a batched
+    library (default: its only one). Raises :class:`ExecError` when it is incomplete."""
     d = Path(directory)
     try:
         m = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
-        params = tuple(Param(p["name"], tuple(int(s) for s in p["shape"]), p["dtype"], p["role"]) for p in m["params"])
+        funcs = m.get("functions") or {"main": {"program": m.get("program", ""), "params": m["params"]}}
+        name = func or next(iter(funcs))
+        f = funcs[name]
+        params = tuple(Param(p["name"], tuple(int(s) for s in p["shape"]), p["dtype"], p["role"]) for p in f["params"])
         lib = d / m["lib"]
         ptx = d / m["ptx_dir"] if m.get("ptx_dir") else None
-        built = Built(d, lib, ptx, params, m["device"], m.get("arch", ""), m.get("cuda_sha1", ""), m.get("program", ""),
-                      m.get("ptx_tag", ""), d / m["sim_lib"] if m.get("sim_lib") else None)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        built = Built(d, lib, ptx, params, m["device"], m.get("arch", ""), m.get("cuda_sha1", ""), f.get("program", ""),
+                      m.get("ptx_tag", ""), d / m["sim_lib"] if m.get("sim_lib") else None, name)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
         raise ExecError(f"{d}: not a built module directory ({MANIFEST}: {e})") from None
     if not built.lib.is_file():
         raise ExecError(f"{d}: {built.lib.name} is missing")
     return built
 
 
-def write_manifest(built: Built) -> None:
-    """Write ``manifest.json`` of ``built`` (paths relative to its directory)."""
-    m = {"lib": built.lib.name, "ptx_dir": (os.path.relpath(built.ptx_dir, built.directory) if built.ptx_dir else None),
-         "device": built.device, "arch": built.arch, "cuda_sha1": built.cuda_sha1, "program": built.program,
-         "ptx_tag": built.ptx_tag,
-         "sim_lib": os.path.relpath(built.sim_lib, built.directory) if built.sim_lib else None,
-         "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "role": p.role} for p in built.params]}
-    (built.directory / MANIFEST).write_text(json.dumps(m, indent=1) + "\n", encoding="utf-8")
+def write_manifest(built: "Built | Sequence[Built]") -> None:
+    """Write ``manifest.json`` of ``built`` (one Built, or the Builts of one batched library;
+    paths relative to its directory)."""
+    many = list(built) if isinstance(built, (list, tuple)) else [built]
+    b = many[0]
+    params = {x.func: {"program": x.program, "params": [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype,
+                                                         "role": p.role} for p in x.params]} for x in many}
+    m = {"lib": os.path.relpath(b.lib, b.directory),
+         "ptx_dir": (os.path.relpath(b.ptx_dir, b.directory) if b.ptx_dir else None),
+         "device": b.device, "arch": b.arch, "cuda_sha1": b.cuda_sha1, "ptx_tag": b.ptx_tag,
+         "sim_lib": os.path.relpath(b.sim_lib, b.directory) if b.sim_lib else None}
+    if len(many) == 1 and b.func == "main":
+        m.update(program=b.program, params=params["main"]["params"])
+    else:
+        m["functions"] = params
+    (b.directory / MANIFEST).write_text(json.dumps(m, indent=1) + "\n", encoding="utf-8")
 
 
 def exec_device(device: str) -> str:
@@ -738,7 +753,7 @@ def run_module(built: Built, input_sets: Sequence[Mapping[str, np.ndarray]], mod
         try:
             if sim:
                 _sim_launch_check(built)
-            mod["main"](*args)
+            mod[built.func](*args)
             sync(built.device)
         except Exception as e:  # noqa: BLE001
             raise ExecError(f"trial {k}: kernel execution failed on {built.device}: {_short(e)}") from None

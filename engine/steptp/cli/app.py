@@ -8,3 +8,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Step-TP: build a step-level, verified LEIR transformation dataset from PyTorch programs.")
 rules_app = typer.Typer(no_args_is_help=True, help="Inspect and self-test the rule files.")
 app.add_typer(rules_app, name="rules")
+gpu_app = typer.Typer(no_args_is_help=True, help="Build here, run there: pack a dataset's GPU kernels, run a pack "
+                                                 "with the TVM runtime only, merge the results.")
+app.add_typer(gpu_app, name="gpu")

@@ -1,0 +1,77 @@
+"""``stp gpu merge RESULTS DATASET``: write a GPU run's verdicts and timings into the dataset.
+
+Every entry of ``DATASET/dictionary.jsonl`` that the run (``RESULTS/results.jsonl`` of
+:mod:`steptp.gpu.run`) checked gets ``verification_gpu`` (``device``, ``device_name``,
+``arch``, ``exec``, ``equal``, ``max_abs_err``, ``reason``, ``first_call_ms``, whether the
+original also matched on the GPU, and ``agrees_with_cpu``) and, when timed, ``timing_gpu``
+(``original_us``, ``transformed_us``, ``speedup`` with its interval and verdict). The CPU
+``verification`` is left as it is; ``stp report`` lists the entries whose verdicts differ.
+The file is rewritten atomically (a temporary file renamed over it), so an interrupted merge
+leaves the dataset as it was; merging again replaces the fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+class MergeError(ValueError):
+    """Unreadable results or dataset."""
+
+
+def merge(results: str | os.PathLike, dataset: str | os.PathLike) -> dict:
+    """Merge (module docstring). Returns ``{"entries", "merged", "timed", "disagreements",
+    "unknown"}`` (``unknown``: result ids not in the dataset). Raises :class:`MergeError`."""
+    rpath = Path(results) / "results.jsonl" if Path(results).is_dir() else Path(results)
+    dpath = Path(dataset) / "dictionary.jsonl" if Path(dataset).is_dir() else Path(dataset)
+    try:
+        recs = {}
+        for n, line in enumerate(rpath.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                r = json.loads(line)
+                recs[r["id"]] = r
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MergeError(f"{rpath}: cannot read GPU results ({e})") from None
+    try:
+        lines = dpath.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise MergeError(f"{dpath}: cannot read the dataset ({e.strerror or e})") from None
+    out, merged, timed, dis, seen = [], 0, 0, 0, set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError as err:
+            raise MergeError(f"{dpath}:{n}: not JSON ({err})") from None
+        r = recs.get(e.get("id"))
+        if r is not None:
+            seen.add(r["id"])
+            tr, orig = r["transformed"], r.get("original") or {}
+            e["verification_gpu"] = {
+                "device": r["device"], "device_name": r.get("device_name"), "arch": r.get("arch"),
+                "exec": bool(tr.get("exec")), "equal": bool(tr.get("equal")), "max_abs_err": tr.get("max_abs_err"),
+                "reason": tr.get("reason", ""), "first_call_ms": tr.get("first_call_ms"),
+                "original_equal": bool(orig.get("equal")), "agrees_with_cpu": r.get("agree")}
+            merged += 1
+            dis += r.get("agree") is False
+            if (r.get("timing") or {}).get("speedup") is not None:
+                e["timing_gpu"] = r["timing"]
+                timed += 1
+        out.append(json.dumps(e, ensure_ascii=False))
+    fd, tmp = tempfile.mkstemp(prefix=".merge-", dir=dpath.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(out) + ("\n" if out else ""))
+        os.replace(tmp, dpath)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise MergeError(f"{dpath}: cannot write ({err.strerror or err}); the dataset is unchanged") from None
+    return {"entries": len(out), "merged": merged, "timed": timed, "disagreements": dis,
+            "unknown": len(set(recs) - seen)}
+
+
+__all__ = ["MergeError", "merge"]
