@@ -284,8 +284,11 @@ def cuda_available(need_nvcc: bool = True, lib_dir: str | os.PathLike | None = N
             return f"no TVM runtime ({TVM_RUNTIME_LIB} not found; set STP_TVM_LIB_DIR)"
         if need_nvcc and cuda_compiler() is None:
             return "no CUDA compiler (no nvcc on PATH and no NVRTC from cuda-bindings)"
-        if device_arch() is None:
+        cc = compute_capability()
+        if cc is None:
             return f"simulated CUDA device: bad {SIM_ARCH_ENV} (expected sm_XY)"
+        if cc[0] * 10 + cc[1] < MIN_ARCH:
+            return f"CUDA device of compute capability {cc[0]}.{cc[1]}: CUDA 13 compiles for 7.5 and newer only"
         return None
     if find_libcuda() is None:
         return f"no CUDA driver ({LIBCUDA_SONAME} not found)"
@@ -479,10 +482,19 @@ def cached_ptx(cuda_source: str, arch: str | None = None, tag: str | None = None
     """The PTX file of ``cuda_source`` in the registered cache directories, or None."""
     key = ptx_key(cuda_source, arch or _PTX_ARCH[0], _PTX_TAG[0] if tag is None else tag)
     for d in _PTX_DIRS:
-        f = d / f"{key}.ptx"
-        if f.is_file():
-            return f
+        for f in (d / f"{key}.ptx", d / f"{key}.ptx.gz"):  # packs store PTX gzipped (about 10x smaller)
+            if f.is_file():
+                return f
     return None
+
+
+def read_ptx(path: Path) -> bytes:
+    """Bytes of a PTX file (``.ptx``, or ``.ptx.gz`` as packs store them)."""
+    if path.suffix == ".gz":
+        import gzip  # noqa: PLC0415
+
+        return gzip.decompress(path.read_bytes())
+    return path.read_bytes()
 
 
 def _ptx_callback(code, *_rest) -> bytes:
@@ -491,7 +503,7 @@ def _ptx_callback(code, *_rest) -> bytes:
     code = str(code)
     f = cached_ptx(code)
     if f is not None:
-        return f.read_bytes()
+        return read_ptx(f)
     if not _PTX_DIRS:
         raise RuntimeError("steptp: no PTX cache directory registered")
     if cuda_compiler() is None:
@@ -624,6 +636,18 @@ def _device(device: str):
     return tvm_ffi.device(exec_device(device), 0)
 
 
+def function_source(cuda_source: str, func: str) -> str:
+    """The part of a library's CUDA C that belongs to function ``func``: for ``main`` the
+    whole source; in a batched library the ``__global__`` kernels named ``<func>_kernel...``
+    (TVM names a function's kernels after its global symbol)."""
+    if func == "main":
+        return cuda_source
+    import re  # noqa: PLC0415
+
+    parts = re.split(r'(?=extern "C" __global__)', cuda_source)
+    return "".join(p for p in parts if re.search(rf"\b{re.escape(func)}_kernel\w*\(", p.split("{", 1)[0]))
+
+
 def _sim_launch_check(built: Built) -> None:
     """Simulated device only: the injected faults of ``STP_CUDA_SIM_FAULT`` (module docstring)
     and the sticky error of an earlier fault in this process."""
@@ -638,7 +662,7 @@ def _sim_launch_check(built: Built) -> None:
         src = (built.directory / "kernel.cu").read_text(encoding="utf-8")
     except OSError:
         return
-    if text not in src:
+    if text not in function_source(src, built.func):
         return
     if kind == "hang":
         import time  # noqa: PLC0415
@@ -795,6 +819,6 @@ def time_function(module, device: str, args: Sequence, *, number: int, repeat: i
 
 __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",
            "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
-           "device_arch", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
+           "device_arch", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
            "register_ptx_cache", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
            "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]

@@ -36,6 +36,8 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
                                         help="Time limit per verification in seconds, as in stp search "
                                              "(--verify-timeout: deprecated alias; the per-request limit is "
                                              "--request-timeout)."),
+          device: str = typer.Option("cpu", "--device", help="cpu or cuda: where answers are verified (cuda: their "
+                                                            "GPU form runs on the GPU)."),
           no_recognise: bool = typer.Option(False, "--no-recognise", help="Skip the strategy recogniser."),
           quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
     """Evaluate single-step transformations: prompt with the chat set's single-answer prompt, score
@@ -47,6 +49,11 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
     from ..eval import AnswersFilePolicy, EndpointPolicy, EnginePolicy, EvalError, EvalOptions, IdentityPolicy, evaluate
     from ..llm import ChatClient, EndpointError
 
+    from ..runner.device import device_problem
+
+    problem = device_problem(device)
+    if problem:
+        fail(problem)  # before anything is written
     chosen = [x for x in (endpoint, answers, policy) if x is not None]
     if len(chosen) != 1:
         fail("give exactly one of --endpoint URL --model NAME, --answers FILE.jsonl or --policy engine|identity")
@@ -65,7 +72,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
         else:
             fail(f"unknown --policy {policy!r}: expected engine or identity")
         opts = EvalOptions(samples=samples, workers=workers, seed=seed, trials=trials, verify_timeout_s=timeout,
-                           recognise=not no_recognise, progress=not quiet)
+                           device=device, recognise=not no_recognise, progress=not quiet)
         s = evaluate([str(i) for i in inputs], outdir, pol, opts)
     except EndpointError as e:
         fail(str(e), 1)

@@ -20,6 +20,8 @@ def pack(inputs: List[Path] = typer.Argument(..., help="Dataset directories (dic
          batch: int = typer.Option(32, "--batch", min=1, help="Programs per built library."),
          limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Pack only the first N entries."),
          trials: int = typer.Option(3, "--trials", min=1, help="Random trials (plus 2 ordered ones)."),
+         no_sim: bool = typer.Option(False, "--no-sim", help="Leave out the CPU builds of the simulated device "
+                                                             "(a real GPU node does not need them; half the size)."),
          quiet: bool = typer.Option(False, "-q", "--quiet")):
     """Build every entry's original and transformed GPU form (and CPU form, for the simulator) in
     batched libraries with their PTX, store the CPU references, input seeds and digests, copy TVM's
@@ -48,7 +50,7 @@ def pack(inputs: List[Path] = typer.Argument(..., help="Dataset directories (dic
 
     try:
         s = build_pack([str(p) for p in inputs], outdir, arch=arch, trials=trials, batch=batch, limit=limit,
-                       progress=progress)
+                       sim=not no_sim, progress=progress)
     except PackError as e:
         fail(str(e))
     except BuildError as e:

@@ -443,6 +443,39 @@ def speedup_stats(entries: list[dict]) -> dict:
             "by_level": group(lambda e: e["difficulty"]["level"])}
 
 
+def gpu_section(entries: list[dict]) -> list[str]:
+    """Markdown lines of the GPU results merged by ``stp gpu merge`` (``verification_gpu``,
+    ``timing_gpu``): Equal on the GPU, CPU-vs-GPU disagreements (each listed: a difference is
+    a lowering, preflight or rule defect, not a tolerance to widen) and the interleaved GPU
+    speedups per strategy. Empty when no entry has GPU results."""
+    gpu = [e for e in entries if isinstance(e.get("verification_gpu"), dict)]
+    if not gpu:
+        return []
+    eq = sum(bool(e["verification_gpu"].get("equal")) for e in gpu)
+    dis = [e for e in gpu if e["verification_gpu"].get("agrees_with_cpu") is False]
+    dev = gpu[0]["verification_gpu"].get("device_name") or "cuda"
+    md = ["## GPU results (stp gpu merge)", "",
+          f"{len(gpu)} entries checked on {dev}: {eq} Equal, {len(dis)} disagree with the CPU verdict.", ""]
+    if dis:
+        md += [_table(["id", "strategy", "CPU Equal", "GPU Equal", "GPU reason"],
+                      [(e["id"], e["strategy"]["id"], (e.get("verification") or {}).get("equal"),
+                        e["verification_gpu"].get("equal"), str(e["verification_gpu"].get("reason", ""))[:160])
+                       for e in dis[:50]]), ""]
+    per: dict[str, list[float]] = {}
+    for e in gpu:
+        t = e.get("timing_gpu") or {}
+        if "speedup" in t:
+            per.setdefault(e["strategy"]["id"], []).append(float(t["speedup"]))
+    if per:
+        import statistics  # noqa: PLC0415
+
+        md += ["GPU speedup per strategy (interleaved timing, median of paired ratios):", "",
+               _table(["strategy", "n", "median", "min", "max"],
+                      [(k, len(v), f"{statistics.median(v):.3f}", f"{min(v):.3f}", f"{max(v):.3f}")
+                       for k, v in sorted(per.items())]), ""]
+    return md
+
+
 def _speedup_section(sp: dict, outdir: Path, plots: bool) -> list[str]:
     """Markdown (and a plot) of :func:`speedup_stats`; [] without timed entries."""
     if not sp:
@@ -586,6 +619,7 @@ def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path |
         md += [tok_note, ""]
     speed = speedup_stats(data.entries)
     md += _speedup_section(speed, out, plots)
+    md += gpu_section(data.entries)
     text = "\n".join(md).rstrip() + "\n"
     (out / "report.md").write_text(text, encoding="utf-8")
 

@@ -52,6 +52,7 @@ INTERNAL_ERROR = "internal error: "
 class EvalOptions:
     """``samples`` per case; ``workers`` concurrent requests (threaded policies); ``seed`` of
     the verification inputs; ``trials`` seeded trials; ``verify_timeout_s`` per check;
+    ``device`` where answers run (``cpu``, or ``cuda``: their GPU form on the GPU);
     ``recognise``: run the strategy recogniser (bounded by ``recognise_time_s`` per program)."""
 
     samples: int = 1
@@ -59,6 +60,7 @@ class EvalOptions:
     seed: int = 0
     trials: int = 3
     verify_timeout_s: float = 60.0
+    device: str = "cpu"  # where answers run: cpu, or cuda (GPU form on the GPU; stp eval --device)
     recognise: bool = True
     recognise_time_s: float = 30.0
     progress: bool = True
@@ -198,7 +200,8 @@ class _Scorer:
         rec["stage"] = "parse"
         try:
             res = verify_pair(case.module, cand.module, trials=self.opts.trials, seed=self.opts.seed,
-                              timeout_s=self.opts.verify_timeout_s, isolated=True, runner=self.runner)
+                              timeout_s=self.opts.verify_timeout_s, isolated=True, runner=self.runner,
+                              device=self.opts.device)
             flags = {s: bool(getattr(res, s)) for s in STAGES}
             reason = res.reason
         except Exception as e:  # noqa: BLE001 - a hostile answer costs its sample, never the run

@@ -8,8 +8,9 @@ pack carries)::
                               seeds, input digests, rounding allowances), entries (original and
                               transformed function, strategy, the CPU verdict)
     PACK/modules/libN/        batched libraries (steptp.runner.builder.build_library):
-                              kernel.so (host code + CUDA C), kernel.cu, sim/kernel.so, manifest.json
-    PACK/ptx/<key>.ptx        PTX of every library, keyed by (source, arch, compiler, flags)
+                              kernel.so (host code + CUDA C), kernel.cu, manifest.json and, unless
+                              --no-sim, sim/kernel.so (the CPU builds the simulated device runs)
+    PACK/ptx/<key>.ptx.gz     PTX of every library (gzipped), keyed by (source, arch, compiler, flags)
     PACK/data/<program>.npz   the CPU reference outputs of each original, per trial
     PACK/lib/                 libtvm_runtime.so, libtvm_runtime_cuda.so (from the apache-tvm wheel)
     PACK/python/steptp/       the runtime-only modules (gpu.run, backend.cuda_runtime,
@@ -103,11 +104,12 @@ def _key(text: str) -> str:
 
 
 def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *, arch: str = "sm_90",
-               trials: int = 3, batch: int = 32, limit: int | None = None,
+               trials: int = 3, batch: int = 32, limit: int | None = None, sim: bool = True,
                progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Write a pack (module docstring) for the entries of ``inputs`` (:func:`collect`; the
     first ``limit`` when given) into ``outdir``, for GPUs of architecture ``arch``
-    (``sm_XY``). ``batch``: programs per library. ``progress(stage, done, total)`` is called
+    (``sm_XY``). ``batch``: programs per library; ``sim``: also the CPU builds the simulated
+    device runs (not needed on a real GPU node; about half the pack). ``progress(stage, done, total)`` is called
     as work completes. Returns the summary written to ``manifest.json`` (``build_seconds``,
     ``bytes``, ``entries``, ``failed``: entries whose original or transformed program did not
     build, with the reason). Raises :class:`PackError` for bad input, ``BuildError`` when the
@@ -165,7 +167,7 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
         chunk = keys[b:b + batch]
         libdir = out / "modules" / f"lib{b // batch}"
         built, bad = build_library([parse_leir(texts[k]) for k in chunk], libdir, limits=limits,
-                                   ptx_cache=out / "ptx", sim=True)
+                                   ptx_cache=out / "ptx", sim=sim, first=b)
         for i, k in enumerate(chunk):
             if i in built:
                 where[k] = {"lib": f"modules/lib{b // batch}", "func": built[i].func}
@@ -173,6 +175,13 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
                 failed[k] = bad.get(i, "not built")
         if progress:
             progress("build", min(b + batch, len(keys)), len(keys))
+
+    # PTX gzipped: text that compresses about 10x (steptp.backend.cuda_runtime.read_ptx)
+    import gzip  # noqa: PLC0415
+
+    for f in (out / "ptx").glob("*.ptx"):
+        (out / "ptx" / (f.name + ".gz")).write_bytes(gzip.compress(f.read_bytes(), 9))
+        f.unlink()
 
     # runtime libraries and the runtime-only python modules
     libd = tvm_lib_dir()

@@ -1,0 +1,259 @@
+"""The --device cuda matrix on the simulated CUDA device (STP_CUDA_SIM=1), no GPU needed.
+
+Everything above the driver is the real code: GPU-form lowering, TVM's CUDA codegen, nvcc PTX
+and its cache, export, worker processes and pickling, timing records and every command's
+writing; only module load + launch runs the program's CPU build. Faults injected in the
+simulator (a sticky CUDA error, a hang) show that one fault costs one candidate. The pack
+runner is run in an interpreter that can import numpy and tvm_ffi only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from steptp.backend import cuda_runtime as cr
+from steptp.backend.hardware import H100
+from steptp.leir import load_leir, parse_leir
+from steptp.resources import rules_dir
+from steptp.runner.worker import IsolatedRunner, WorkerCallError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+STP = Path(sys.executable).parent / "stp"
+
+pytestmark = pytest.mark.skipif(cr.nvcc_path() is None, reason="the simulated device compiles real PTX with nvcc")
+
+
+@pytest.fixture
+def sim(monkeypatch, tmp_path):
+    """Simulated device on, a private PTX cache; the env reaches subprocesses and workers."""
+    monkeypatch.setenv("STP_CUDA_SIM", "1")
+    monkeypatch.setenv("STP_PTX_CACHE", str(tmp_path / "ptx"))
+    monkeypatch.delenv("STP_CUDA_SIM_FAULT", raising=False)
+    monkeypatch.delenv("STP_CUDA_SIM_ARCH", raising=False)
+    return os.environ.copy()
+
+
+def run(*args, env, cwd=None, timeout=600):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def _softmax_and_candidates(tmp_path, env, n=3):
+    """softmax.leir and n loop_split candidates of it (distinct CUDA sources)."""
+    orig = tmp_path / "softmax.leir"
+    r = run(STP, "translate", EXAMPLES / "softmax.py", "-o", orig, env=env)
+    assert r.returncode == 0, r.stderr
+    out = []
+    for site in range(n):
+        p = tmp_path / f"cand{site}.leir"
+        r = run(STP, "apply", rules_dir() / "loop_split.yaml", orig, "--site", site, "-o", p, env=env)
+        assert r.returncode == 0, r.stderr
+        out.append(p)
+    return orig, out
+
+
+def test_gpu_limits_pickle_and_unpicklable_calls_are_caller_errors():
+    # the mappingproxy of GpuLimits crashed every --device cuda verification before
+    assert pickle.loads(pickle.dumps(H100)) == H100
+    with IsolatedRunner(timeout_s=30) as r:
+        with pytest.raises(WorkerCallError, match="cannot send"):
+            r.call(len, lambda: 0)  # a lambda does not pickle: never an Exec failure of a program
+        assert r.call(len, [1, 2, 3]) == 3  # the worker is still usable
+
+
+def test_ptx_key_depends_on_arch_and_compiler():
+    src = "extern \"C\" __global__ void k() {}"
+    keys = {cr.ptx_key(src, "sm_90", "nvcc-13.0 -O3"), cr.ptx_key(src, "sm_80", "nvcc-13.0 -O3"),
+            cr.ptx_key(src, "sm_90", "nvcc-13.1 -O3"), cr.ptx_key(src, "sm_90", "nvrtc-13.0 -O3")}
+    assert len(keys) == 4
+
+
+def test_device_facts_from_the_simulated_device(sim, tmp_path):
+    r = run(STP, "doctor", env=sim)
+    assert "simulated device  on" in r.stdout and "--device cuda     available" in r.stdout, r.stdout
+    env = {**sim, "STP_CUDA_SIM_ARCH": "sm_80"}
+    code = "from steptp.runner.device import device_limits; print(device_limits('cuda').arch)"
+    assert run(sys.executable, "-c", code, env=env).stdout.strip() == "sm_80"
+    # a device CUDA 13 cannot compile for: exit 2, one line, nothing written
+    env = {**sim, "STP_CUDA_SIM_ARCH": "sm_61"}
+    out = tmp_path / "never"
+    r = run(STP, "dataset", EXAMPLES / "softmax.leir", "-o", out, "--device", "cuda", env=env)
+    assert r.returncode == 2 and "compute capability 6.1" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_verify_and_time_on_the_simulated_device(sim, tmp_path):
+    orig, (cand, *_) = _softmax_and_candidates(tmp_path, sim, 1)
+    r = run(STP, "verify", orig, cand, "--device", "cuda", env=sim)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Equal  pass" in r.stdout and "device cuda" in r.stdout
+    assert any(Path(sim["STP_PTX_CACHE"]).glob("*.ptx"))  # real nvcc PTX in the keyed cache
+    r = run(STP, "time", orig, cand, "--device", "cuda", "--json", "--repeat", "3", "--min-repeat-ms", "1", env=sim)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert len(rows) == 2 and all(x["device"] == "cuda" and x["median_us"] > 0 for x in rows)
+
+
+def test_sticky_fault_costs_one_candidate(sim, monkeypatch, tmp_path):
+    from steptp.backend import cuda_source
+    from steptp.verify import verify_pair
+
+    orig, cands = _softmax_and_candidates(tmp_path, sim, 3)
+    mods = [load_leir(p) for p in cands]
+    lines = [set(cuda_source(m).splitlines()) for m in mods]
+    unique = sorted(x.strip() for x in lines[1] - lines[0] - lines[2] if len(x.strip()) > 8)
+    assert unique, "candidate 1 should have a CUDA line of its own"
+    monkeypatch.setenv("STP_CUDA_SIM_FAULT", f"sticky:{unique[0]}")
+    base = load_leir(orig)
+    with IsolatedRunner(timeout_s=120) as r:
+        res = [verify_pair(base, m, runner=r, device="cuda") for m in mods]
+        assert res[0].equal and res[2].equal, [x.reason for x in res]
+        assert not res[1].exec and "illegal memory access" in res[1].reason
+        assert r.restarts == 1  # the faulty worker was discarded; the next candidate ran in a fresh one
+
+
+def test_hang_costs_one_candidate(sim, monkeypatch, tmp_path):
+    from steptp.backend import cuda_source
+    from steptp.verify import verify_pair
+
+    orig, cands = _softmax_and_candidates(tmp_path, sim, 2)
+    mods = [load_leir(p) for p in cands]
+    extra = sorted(x.strip() for x in set(cuda_source(mods[0]).splitlines()) - set(cuda_source(mods[1]).splitlines())
+                   if len(x.strip()) > 8)
+    monkeypatch.setenv("STP_CUDA_SIM_FAULT", f"hang:{extra[0]}")
+    base = load_leir(orig)
+    with IsolatedRunner(timeout_s=120) as r:
+        verify_pair(base, mods[1], runner=r, device="cuda", timeout_s=120)  # warm the reference and the worker
+        hung = verify_pair(base, mods[0], runner=r, device="cuda", timeout_s=15)
+        after = verify_pair(base, mods[1], runner=r, device="cuda", timeout_s=120)
+    assert not hung.exec and "time limit" in hung.reason
+    assert after.equal, after.reason
+
+
+def test_dataset_time_search_eval_on_the_simulated_device(sim, tmp_path):
+    ds = tmp_path / "ds"
+    r = run(STP, "dataset", EXAMPLES / "softmax.leir", "-o", ds, "--device", "cuda", "--time", "--rule",
+            rules_dir() / "loop_split.yaml", "--per-rule", "2", "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    entries = [json.loads(x) for x in (ds / "dictionary.jsonl").read_text().splitlines()]
+    assert entries, "the GPU path must produce entries, not an empty dataset"
+    for e in entries:
+        assert e["verification"]["device"] == "cuda" and e["verification"]["equal"]
+        assert e["timing"]["device"] == "cuda" and e["timing"]["speedup"] > 0, e["timing"]
+    r = run(STP, "search", EXAMPLES / "softmax.leir", "-o", tmp_path / "srch", "--device", "cuda", "-n", "2", env=sim)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(next((tmp_path / "srch").rglob("summary.json")).read_text())
+    assert summary.get("device", summary.get("target")) == "cuda"
+    r = run(STP, "eval", EXAMPLES / "softmax.leir", "-o", tmp_path / "ev", "--policy", "engine", "--device", "cuda",
+            "--no-recognise", "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((tmp_path / "ev" / "results.jsonl").read_text().splitlines()[0])
+    assert rec.get("error") != "internal", rec
+
+
+def _runtime_only_env(tmp_path: Path, pack: Path, env: dict) -> dict:
+    """An interpreter environment that can import numpy, ml_dtypes, tvm_ffi (and what the
+    pack carries), nothing else: ``python -S -s`` with a PYTHONPATH of symlinks."""
+    import ml_dtypes
+    import numpy
+    import tvm_ffi
+    import typing_extensions  # apache-tvm-ffi's one dependency
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "typing_extensions.py").symlink_to(typing_extensions.__file__)
+    for mod in (numpy, ml_dtypes, tvm_ffi):
+        d = Path(mod.__file__).parent
+        (site / d.name).symlink_to(d)
+        libs = d.parent / f"{d.name}.libs"
+        if libs.is_dir():
+            (site / libs.name).symlink_to(libs)
+    keep = {k: v for k, v in env.items() if k.startswith("STP_") or k in ("PATH", "HOME", "TMPDIR")}
+    return {**keep, "PYTHONPATH": f"{pack / 'python'}{os.pathsep}{site}", "PYTHONNOUSERSITE": "1"}
+
+
+def test_pack_run_runtime_only_then_merge(sim, tmp_path):
+    ds = tmp_path / "ds"
+    r = run(STP, "dataset", EXAMPLES / "softmax.leir", "-o", ds, "--per-rule", "1", "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    n = len((ds / "dictionary.jsonl").read_text().splitlines())
+    pack = tmp_path / "pack"
+    r = run(STP, "gpu", "pack", ds, "-o", pack, "--batch", "8", "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((pack / "manifest.json").read_text())
+    assert len(m["entries"]) == n and m["libraries"] >= 2  # batched: several programs per library
+    size = sum(f.stat().st_size for f in pack.rglob("*") if f.is_file())
+    assert size < 20 * 2**20
+    assert not list(pack.rglob("libtvm_compiler.so"))
+
+    base = getattr(sys, "_base_executable", sys.executable)
+    ro = _runtime_only_env(tmp_path, pack, sim)
+    probe = ("import sys, importlib.util as u, steptp.gpu.run; "
+             "print([m for m in ('tvm', 'lark', 'egglog', 'sympy', 'torch') if m in sys.modules]); "
+             "print([m for m in ('tvm', 'lark', 'egglog', 'sympy', 'torch') if u.find_spec(m) is not None])")
+    r = run(base, "-S", "-s", "-c", probe, env=ro)  # -S: not even the interpreter's own site-packages
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[]", "[]"], r.stdout  # nothing of the compiler side is even importable
+
+    # one transformed program faults (sticky): it alone fails
+    e0 = m["entries"][0]
+    src = (pack / e0["transformed"]["lib"] / "kernel.cu").read_text()
+    fn = e0["transformed"]["func"]
+    marker = f"{fn}_kernel("
+    assert marker in src
+    res = tmp_path / "res"
+    r = run(base, "-S", "-s", "-m", "steptp.gpu.run", pack, "-o", res, "--time", "--rounds", "3", "--min-ms", "0.2", "-q",
+            env={**ro, "STP_CUDA_SIM_FAULT": f"sticky:{marker}"})
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    recs = {x["id"]: x for x in map(json.loads, (res / "results.jsonl").read_text().splitlines())}
+    assert len(recs) == n
+    bad = [i for i, x in recs.items() if not x["transformed"]["equal"]]
+    same_fn = {e["id"] for e in m["entries"] if e["transformed"] == e0["transformed"]}
+    assert e0["id"] in bad and set(bad) <= same_fn, bad  # the faulty function alone, every other one Equal
+    assert "illegal memory access" in recs[e0["id"]]["transformed"]["reason"]
+    good = [x for x in recs.values() if x["transformed"]["equal"]]
+    assert len(good) == n - len(bad)
+    assert all(x["timing"]["rounds"] == 3 and x["timing"]["verdict"] in ("faster", "slower", "same") for x in good
+               if "timing" in x)
+    s = json.loads((res / "summary.json").read_text())
+    assert s["done"] == n and s["equal"] == len(good) and (res / "report.md").is_file()
+
+    # a second run resumes: nothing left to do
+    r = run(base, "-S", "-s", "-m", "steptp.gpu.run", pack, "-o", res, "-q", env=ro)
+    assert r.returncode == 0 and json.loads((res / "summary.json").read_text())["ran_now"] == 0
+
+    before = (ds / "dictionary.jsonl").read_text().splitlines()
+    r = run(STP, "gpu", "merge", res, ds, env=sim)
+    assert r.returncode == 0, r.stderr
+    after = [json.loads(x) for x in (ds / "dictionary.jsonl").read_text().splitlines()]
+    assert len(after) == len(before)
+    assert all(e["verification_gpu"]["device"] == "cuda" for e in after)
+    assert all(e["verification"] == json.loads(b)["verification"] for e, b in zip(after, before))  # CPU kept
+    r = run(STP, "report", ds, "--no-plots", "--no-tokens", env=sim)
+    assert r.returncode == 0 and "GPU" in r.stdout, r.stdout[-2000:]
+
+
+def test_pack_of_nothing_and_run_of_a_non_pack_are_clear_errors(sim, tmp_path):
+    (tmp_path / "empty").mkdir()
+    r = run(STP, "gpu", "pack", tmp_path / "empty", "-o", tmp_path / "p", env=sim)
+    assert r.returncode == 2 and "dictionary.jsonl" in r.stderr and "Traceback" not in r.stderr
+    r = run(STP, "gpu", "run", tmp_path / "empty", "-o", tmp_path / "r", env=sim)
+    assert r.returncode == 2 and "manifest" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_no_gpu_is_one_line_and_nothing_written(monkeypatch, tmp_path):
+    monkeypatch.delenv("STP_CUDA_SIM", raising=False)
+    if cr.cuda_available() is None:
+        pytest.skip("this machine has a usable GPU")
+    out = tmp_path / "ds"
+    r = run(STP, "dataset", EXAMPLES / "softmax.leir", "-o", out, "--device", "cuda", env=os.environ.copy())
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--device cuda" in r.stderr
+    assert not out.exists()
