@@ -61,7 +61,7 @@ from .leir.printer import format_program
 # Tolerances: the one rule lives in steptp.runner.tolerance (it also runs on GPU nodes that
 # have only numpy); re-exported here.
 from .runner.tolerance import (TOLERANCES, _compare_float, _error_and_bound, _mismatch_detail, _rms,  # noqa: E402,F401
-                               _to_numpy, compare, dtype_code)
+                               _to_numpy, compare, dtype_code, excess_ratio)
 
 
 def poisoned_elements(outputs: Mapping[str, np.ndarray], signature: Signature) -> str:
@@ -249,6 +249,9 @@ class VerifyResult:
     * ``device``: where the checked program ran (``cpu``, or ``cuda`` with
       ``verify_pair(..., device="cuda")``); :meth:`to_dict` records it only when it is not
       ``cpu``, so CPU records stay as they were.
+    * ``arbiter``: ``f64`` when the outputs missed the tolerance by a small factor against an
+      external reference and the float64 arbiter (:func:`f64_arbiter`) called them Equal;
+      '' otherwise (and then not recorded by :meth:`to_dict`).
     """
 
     diff: bool = False
@@ -260,6 +263,7 @@ class VerifyResult:
     max_rel_err: float | None = None
     trials: int = 0
     device: str = "cpu"
+    arbiter: str = ""
 
     @property
     def ok(self) -> bool:
@@ -270,6 +274,8 @@ class VerifyResult:
         d = asdict(self)
         if d["device"] == "cpu":
             del d["device"]
+        if not d["arbiter"]:
+            del d["arbiter"]
         for k in ("max_abs_err", "max_rel_err"):
             v = d[k]
             if v is not None and not math.isfinite(v):
@@ -578,7 +584,8 @@ def _rounding_slacks(original: LeirModule, inputs: list[dict], refs: list[Mappin
 def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], refs: list[Mapping],
                      run: IsolatedRunner | None, timeout_s: float, gpu_check: bool, nvcc: bool,
                      limits: GpuLimits, artifacts: dict | None = None, device: str = "cpu",
-                     slacks: list[Mapping] | None = None) -> VerifyResult:
+                     slacks: list[Mapping] | None = None,
+                     truth_fn: Callable[[], list[Mapping]] | None = None) -> VerifyResult:
     too_big = resource_problem(module)
     if too_big:
         res.reason = f"build: {too_big}"
@@ -609,14 +616,53 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
             return res
     res.exec = True
     _compare_all(res, refs, outs, module.signature, slacks)
+    if not res.equal and truth_fn is not None and not slacks:
+        try:
+            truths = truth_fn()
+        except Exception:  # noqa: BLE001  (a reference that cannot run in float64: no arbiter)
+            truths = None
+        if truths is not None and f64_arbiter(module, refs, outs, truths):
+            res.equal, res.arbiter, res.reason = True, "f64", ""
     return res
 
+
+#: A failing comparison goes to the float64 arbiter only when no element misses its bound by
+#: more than this factor (a near miss, not a wrong program).
+ARBITER_FACTOR = 4.0
+
+
+def f64_arbiter(module: LeirModule, refs: list[Mapping], outs: list[Mapping], truths: list[Mapping]) -> bool:
+    """The float64 arbiter of a near miss against an external reference (PyTorch in f32):
+    True when ``outs`` (``module``'s outputs) fail the tolerance against ``refs`` by at most
+    :data:`ARBITER_FACTOR` on every element and, for every trial and floating point output,
+    ours is at least as close to ``truths`` (the same reference computed in float64 on the same
+    inputs) as the reference is: ``max|out - truth| <= max|ref - truth|``. The tolerance is
+    never widened, and the truth is independent of the program checked. Source: issue 25
+    (KernelBench level2/30_Gemm_GroupNorm_Hardtanh: 8 elements at 1.5e-5 against 1e-5, ours
+    exact, the LEIR accumulating the GroupNorm statistics in f64)."""
+    sig = module.signature
+    for ref, out, truth in zip(refs, outs, truths):
+        for t in sig.outputs:
+            if excess_ratio(ref[t.name], out[t.name], t.dtype) > ARBITER_FACTOR:
+                return False
+            if t.dtype not in ("f16", "bf16", "f32", "f64") or t.name not in truth:
+                return False
+            r, o, h = (_to_numpy(x).astype(np.float64) for x in (ref[t.name], out[t.name], truth[t.name]))
+            if r.shape != h.shape:
+                return False
+            with np.errstate(invalid="ignore", over="ignore"):
+                ok = np.isfinite(r) & np.isfinite(o) & np.isfinite(h)
+                if ok.any() and float(np.abs(o - h)[ok].max()) > float(np.abs(r - h)[ok].max()):
+                    return False
+    return True
 
 def verify_against(module: LeirModule, reference_fn: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
                    input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None, trials: int = 3,
                    seed: int = 0, timeout_s: float = 60.0, *, isolated: bool = False,
                    runner: IsolatedRunner | None = None, gpu_check: bool = True, nvcc: bool = False,
-                   limits: GpuLimits = DEFAULT_GPU) -> VerifyResult:
+                   limits: GpuLimits = DEFAULT_GPU,
+                   reference64_fn: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None
+                   ) -> VerifyResult:
     """Verify a LEIR program against a reference implementation (e.g. its PyTorch model).
 
     * ``reference_fn(inputs) -> {output name: array}``: called in this process with a copy
@@ -627,6 +673,12 @@ def verify_against(module: LeirModule, reference_fn: Callable[[dict[str, np.ndar
     * ``input_fn(seed, trial) -> {name: array}``: custom inputs; default
       :func:`random_inputs` (``programs=[module.program]``).
     * Build/Exec/isolation as in :func:`verify_pair`; ``diff`` is always True.
+    * ``reference64_fn``: the same reference computed in float64 (PyTorch with the model and
+      the float inputs in double). With it, a near miss (every element within
+      :data:`ARBITER_FACTOR` times its bound) goes to :func:`f64_arbiter`, and ``res.arbiter``
+      records ``f64`` when it calls the program Equal: the f32 reference may be the less
+      accurate side. (``verify_pair`` needs none: there the original's own rounding error is
+      already allowed, :func:`rounding_slack`.)
 
     Exceptions raised by ``reference_fn`` or ``input_fn`` propagate (they are caller bugs);
     a reference lacking an output raises ``ValueError``. Source: paper §3.4.
@@ -646,7 +698,13 @@ def verify_against(module: LeirModule, reference_fn: Callable[[dict[str, np.ndar
     for x in inputs:
         r = reference_fn({k: np.array(v, copy=True) for k, v in x.items()})
         refs.append({k: _to_numpy(v) for k, v in dict(r).items()})
-    return _check_candidate(res, module, inputs, refs, run, timeout_s, gpu_check, nvcc, limits)
+    def truths() -> list[dict]:
+        return [{k: _to_numpy(v) for k, v in dict(reference64_fn({k: np.array(v, copy=True)
+                                                                   for k, v in x.items()})).items()}
+                for x in inputs]
+
+    return _check_candidate(res, module, inputs, refs, run, timeout_s, gpu_check, nvcc, limits,
+                            truth_fn=truths if reference64_fn is not None else None)
 
 
 def clear_reference_cache() -> None:
@@ -657,4 +715,5 @@ def clear_reference_cache() -> None:
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs",
-           "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs"]
+           "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",
+           "ARBITER_FACTOR"]

@@ -17,6 +17,7 @@ Importing this package imports nothing (names load on first use); the first buil
 """
 
 import importlib
+import importlib.util
 
 #: Public name -> defining submodule (loaded on first access, PEP 562), so that importing
 #: ``steptp.backend.errors`` or ``steptp.backend.cuda_runtime`` on a runtime-only machine
@@ -31,6 +32,13 @@ _EXPORTS = {
     **dict.fromkeys(["gpu_problems", "loop_hazards", "preflight"], "preflight"),
     **dict.fromkeys(["TARGETS", "Lowered", "lower", "lower_module", "tvm_dtype"], "tvmscript"),
 }
+
+
+# ``preflight`` is both a submodule and a function: once anything imports the submodule, the
+# import system binds the package attribute to the module, so the function is bound eagerly
+# (when the module exists: the runtime-only copy a GPU pack carries has no compiler side).
+if importlib.util.find_spec(f"{__name__}.preflight") is not None:
+    from .preflight import preflight  # noqa: E402
 
 
 def __getattr__(name: str):

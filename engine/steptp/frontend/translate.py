@@ -115,6 +115,28 @@ class Translation:
             raise RuntimeError(f"the model returned {len(tensors)} tensors, expected {len(self.output_names)}")
         return {n: t.detach().cpu().numpy() for n, t in zip(self.output_names, tensors)}
 
+    def reference64(self, inputs: dict) -> dict[str, np.ndarray] | None:
+        """:meth:`reference` computed in float64: a double copy of the model (floating point
+        parameters and buffers) on the float inputs widened to float64; the truth of the
+        float64 arbiter (:func:`steptp.verify.f64_arbiter`). Raises whatever PyTorch raises
+        for an op without a double kernel (the arbiter then stays out)."""
+        import copy  # noqa: PLC0415
+
+        model = copy.deepcopy(self.model).double()
+        args = []
+        for name, example in zip(self.input_names, self.example_inputs):
+            if name is None:
+                args.append(example.double() if isinstance(example, torch.Tensor) and example.is_floating_point()
+                            else example)
+                continue
+            t = torch.as_tensor(np.array(inputs[name], copy=True))
+            args.append(t.double() if t.is_floating_point() else t)
+        with torch.no_grad():
+            out = model(*args)
+        flat, _ = torch.utils._pytree.tree_flatten(out)
+        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        return {n: t.detach().cpu().double().numpy() for n, t in zip(self.output_names, tensors)}
+
     def input_arrays(self, seed: int = 0, trial: int = 0) -> dict[str, np.ndarray]:
         """Inputs of one verification trial: seeded random ``input`` tensors
         (:func:`steptp.verify.random_inputs`) plus the real ``param``/``constant`` values."""
@@ -131,6 +153,7 @@ class Translation:
         ``kwargs`` go to :func:`steptp.verify.verify_against` (``isolated``, ``timeout_s`` ...)."""
         from ..verify import verify_against
 
+        kwargs.setdefault("reference64_fn", self.reference64)
         return verify_against(self.module, self.reference, input_fn=self.input_arrays, trials=trials, seed=seed,
                               **kwargs)
 

@@ -195,4 +195,27 @@ def poisoned_index(a: np.ndarray, dtype: str) -> tuple[tuple[int, ...], int] | N
     return idx, int(hit.sum())
 
 
-__all__ = ["TOLERANCES", "dtype_code", "compare", "POISON_BITS", "poison_array", "poisoned_index"]
+def excess_ratio(ref, out, dtype, slack: float = 0.0) -> float:
+    """How far ``out`` is outside the tolerance of :func:`compare`: the largest
+    ``|out - ref| / allowed`` over the elements (``<= 1`` when it passes); ``inf`` for a
+    mismatch of non-finite values, a shape difference or an integer/bool difference."""
+    code = dtype_code(dtype)
+    r_tol, a_tol = TOLERANCES[code]
+    r = _to_numpy(ref).astype(np.float64)
+    o = _to_numpy(out).astype(np.float64)
+    if r.shape != o.shape:
+        return math.inf
+    if r.size == 0:
+        return 0.0
+    if code == "bool" or code[0] in "iu":
+        return 0.0 if np.array_equal(r, o) else math.inf
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        same = (np.isnan(r) & np.isnan(o)) | (r == o)
+        finite, d, allowed = _error_and_bound(r, o, r_tol, a_tol, slack)
+        if (~same & ~finite).any():
+            return math.inf
+        ratio = np.where(finite & ~same, d / np.maximum(allowed, 1e-300), 0.0)
+    return float(ratio.max())
+
+
+__all__ = ["TOLERANCES", "dtype_code", "compare", "excess_ratio", "POISON_BITS", "poison_array", "poisoned_index"]
