@@ -257,3 +257,33 @@ def test_no_gpu_is_one_line_and_nothing_written(monkeypatch, tmp_path):
     r = run(STP, "dataset", EXAMPLES / "softmax.leir", "-o", out, "--device", "cuda", env=os.environ.copy())
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--device cuda" in r.stderr
     assert not out.exists()
+
+
+def test_import_tvm_after_registering_the_ptx_callback(tmp_path):
+    # tvm.support.nvcc registers the same global function without override: registering ours
+    # first used to make every later `import tvm` fail ("already registered")
+    code = ("from steptp.backend.cuda_runtime import register_ptx_cache; "
+            f"register_ptx_cache({str(tmp_path)!r}); import tvm, tvm.support.nvcc, tvm_ffi; "
+            "f = tvm_ffi.get_global_func('tvm_callback_cuda_compile'); print('ok', f is not None)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok True", r.stderr[-1500:]
+
+
+def test_nvrtc_when_nvcc_is_missing(sim, tmp_path):
+    """No nvcc on PATH: the PTX comes from NVRTC (cuda-bindings + libnvrtc, the `nvrtc`
+    extra) with the toolkit's include/cccl, keyed apart from nvcc's."""
+    import shutil
+
+    nvcc_dir = str(Path(shutil.which("nvcc")).parent)
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d != nvcc_dir and
+                           not (Path(d) / "nvcc").exists())
+    env = {**sim, "PATH": path}
+    probe = "from steptp.backend import cuda_runtime as cr; print(cr.cuda_compiler(), '|', cr.compiler_tag())"
+    out = run(sys.executable, "-c", probe, env=env).stdout.strip()
+    if not out.startswith("nvrtc"):
+        pytest.skip(f"NVRTC unavailable here ({out}): install the nvrtc extra")
+    orig, (cand, *_) = _softmax_and_candidates(tmp_path, sim, 1)
+    r = run(STP, "verify", orig, cand, "--device", "cuda", env=env)
+    assert r.returncode == 0 and "Equal  pass" in r.stdout, r.stdout + r.stderr
+    ptx = list(Path(sim["STP_PTX_CACHE"]).glob("*.ptx"))
+    assert ptx and ".target sm_90" in ptx[0].read_text()

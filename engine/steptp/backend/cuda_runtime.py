@@ -263,10 +263,10 @@ def cuda_compiler() -> str | None:
     if nvcc_path() is not None:
         return "nvcc"
     try:
-        from cuda.bindings import nvrtc  # noqa: F401,PLC0415
+        from cuda.bindings import nvrtc  # noqa: PLC0415
 
-        return "nvrtc"
-    except Exception:  # noqa: BLE001
+        return "nvrtc" if nvrtc.nvrtcVersion()[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS else None
+    except Exception:  # noqa: BLE001  (not installed, or libnvrtc.so.13 not found)
         return None
 
 
@@ -371,7 +371,8 @@ _TAGS: dict[str, str] = {}
 
 def compiler_tag(compiler: str | None = None) -> str:
     """What produced a PTX, for its cache key: ``nvcc-13.0.48 -O3`` (nvcc's release line and
-    :data:`PTX_FLAGS`) or ``nvrtc-13.0 -O3``; '' when there is no compiler. A PTX made by
+    :data:`PTX_FLAGS`) or ``nvrtc-13.0`` (NVRTC optimises by default); '' when there is no
+    compiler. A PTX made by
     another compiler, version or flags is never served for this one."""
     compiler = compiler or cuda_compiler()
     if compiler is None:
@@ -394,7 +395,9 @@ def compiler_tag(compiler: str | None = None) -> str:
             tag = f"nvrtc-{major}.{minor}"
         except Exception:  # noqa: BLE001
             tag = "nvrtc-unknown"
-    _TAGS[compiler] = tag = f"{tag} {' '.join(PTX_FLAGS)}"
+    if compiler == "nvcc":
+        tag = f"{tag} {' '.join(PTX_FLAGS)}"
+    _TAGS[compiler] = tag
     return tag
 
 
