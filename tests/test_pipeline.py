@@ -271,18 +271,24 @@ def test_filters_group_derived_originals_as_programs_of_their_own(rounds_run):
 
 
 def test_time_records_each_steps_speedup_and_the_report_tabulates_it(tmp_path):
-    """--time (issue 20): every entry gets timing {original_us, transformed_us, speedup,
-    device} from the CPU performance build; stp report shows speedups per strategy/level."""
+    """--time (issue 20): every entry gets timing {original_us, transformed_us, speedup, ci,
+    verdict, device} from the CPU performance build, timed interleaved; stp report shows
+    speedups per strategy/level."""
     out = tmp_path / "timed"
     res = stp("dataset", EXAMPLES / "matmul.leir", "-o", out, "--seed", "0", "--in-process", "-q", "--time",
               "--rule", str(rules_dir() / "loop_reorder.yaml"), "--rule", str(rules_dir() / "loop_split.yaml"))
     assert res.exit_code == 0, res.output
     entries = rows(out / "dictionary.jsonl")
-    assert entries and all(set(e["timing"]) == {"original_us", "transformed_us", "speedup", "device"} for e in entries)
+    keys = {"original_us", "transformed_us", "speedup", "ci", "verdict", "device"}
+    assert entries and all(set(e["timing"]) == keys for e in entries)
     for e in entries:
         t = e["timing"]
         assert t["device"] == "cpu" and t["original_us"] > 0 and t["transformed_us"] > 0
-        assert t["speedup"] == pytest.approx(t["original_us"] / t["transformed_us"], rel=1e-3)
+        # interleaved timing (runner.timing.compare): the median of the paired ratios, in its interval
+        assert t["ci"][0] - 1e-3 <= t["speedup"] <= t["ci"][1] + 1e-3
+        assert t["verdict"] in ("faster", "slower", "same")
+        lo, hi = sorted((t["speedup"], t["original_us"] / t["transformed_us"]))
+        assert hi / lo < 1.5  # the medians of the same interleaved rounds tell the same story
     assert json.loads((out / "run.json").read_text())["time"] is True
     rep = stp("report", out, "--no-tokens")
     assert rep.exit_code == 0, rep.output

@@ -69,6 +69,12 @@ def test_every_algorithm_engine_policy(tmp_path, algorithm):
     assert sm["samples"] >= 1
     assert sm["speedup"] >= 1.0
     assert sm["efficiency"] == pytest.approx(sm["speedup"] / sm["samples"])
+    # the headline is the interleaved re-time, kept only when its interval supports it
+    c = sm.get("confirmed")
+    assert "speedup_best_sample" in sm
+    if c:
+        assert c["ci"][0] <= c["speedup"] <= c["ci"][1]
+        assert sm["speedup"] == (c["speedup"] if c["verdict"] == "faster" else 1.0)
     assert sm["trajectory"][0]["strategy"] is None and sm["trajectory"][0]["speedup"] == 1.0
     for step in sm["trajectory"]:
         assert set(step) >= {"strategy", "site", "leir", "time_us", "speedup"}

@@ -152,8 +152,12 @@ def test_stp_time_two_programs_prints_speedup(parallel_matmul):
     assert len(rows) == 2
     for row in rows:
         assert float(row[1]) > 0 and float(row[2]) > 0  # median_us, min_us
-        assert row[-1].endswith("x")
-    assert rows[0][-1] == "1.00x"
+        assert row[5].endswith("x")  # speedup
+    assert rows[0][5] == "1.00x" and len(rows[0]) == 6  # the baseline: no interval
+    # the second: interleaved with the first, its 95 % interval and the verdict it supports
+    lo, hi = float(rows[1][6].strip("[,")), float(rows[1][7].strip("]"))
+    assert lo <= float(rows[1][5].rstrip("x")) + 0.005 and float(rows[1][5].rstrip("x")) <= hi + 0.005
+    assert rows[1][8] in ("faster", "slower", "same")
 
 
 def test_stp_time_json(parallel_matmul):
@@ -165,8 +169,10 @@ def test_stp_time_json(parallel_matmul):
         assert {"median_us", "min_us", "iqr_us", "cv", "speedup"} <= set(o)
         assert o["median_us"] > 0 and o["device"] == "cpu"
     assert objs[0]["speedup"] == 1.0
-    assert objs[1]["speedup"] == pytest.approx(objs[0]["median_us"] / objs[1]["median_us"])
-    assert objs[2]["speedup"] is None  # another signature: no speedup
+    # interleaved with the first: the median of the paired ratios, inside its bootstrap interval
+    lo, hi = objs[1]["speedup_ci"]
+    assert lo <= objs[1]["speedup"] <= hi and objs[1]["speedup_verdict"] in ("faster", "slower", "same")
+    assert objs[2]["speedup"] is None and "speedup_ci" not in objs[2]  # another signature: no speedup
 
 
 def test_stp_time_bad_input_is_one_line_exit_2(tmp_path):
@@ -332,3 +338,35 @@ def test_ptx_cache_callback_returns_the_cached_ptx(tmp_path):
     ptx = tvm_ffi.get_global_func("tvm_callback_cuda_compile")(src)
     assert bytes(ptx) == (built.ptx_dir / f"{cr.ptx_key(src)}.ptx").read_bytes()
     assert bytes(ptx).startswith(b"/")  # loaded as PTX by TVM's CUDA module
+
+
+# ---------------------------------------------------------------------------
+# interleaved comparison (runner.stats.paired_speedup, runner.timing.compare)
+# ---------------------------------------------------------------------------
+
+
+def test_paired_speedup_calls_faster_only_when_the_interval_excludes_one():
+    from steptp.runner.stats import paired_speedup
+
+    rng = np.random.default_rng(0)
+    base = 100 + rng.normal(0, 1, 12)
+    st = paired_speedup(base, base / 1.5)
+    assert st["speedup"] == pytest.approx(1.5) and st["verdict"] == "faster" and st["ci"][0] > 1
+    noisy = paired_speedup(base, base * (1 + rng.normal(0, 0.2, 12)))
+    assert noisy["ci"][0] < 1 < noisy["ci"][1] and noisy["verdict"] == "same"
+    assert paired_speedup(base, base * 2)["verdict"] == "slower"
+    assert paired_speedup(base, base / 1.5) == st  # deterministic for its seed
+    with pytest.raises(ValueError):
+        paired_speedup([1.0, 2.0], [1.0])
+
+
+def test_compare_times_two_programs_interleaved(parallel_matmul):
+    from steptp.runner.timing import compare
+
+    a, b = load_leir(EXAMPLES / "matmul.leir"), load_leir(parallel_matmul)
+    c = compare(a, b, rounds=4, min_repeat_ms=1)
+    assert c.rounds == 4 and c.number >= 1 and c.baseline_us > 0 and c.candidate_us > 0 and c.device == "cpu"
+    assert c.ci[0] <= c.speedup <= c.ci[1] and c.verdict in ("faster", "slower", "same")
+    assert c.as_dict()["ci"] == list(c.ci)
+    with pytest.raises(ValueError, match="signatures"):
+        compare(a, load_leir(EXAMPLES / "softmax.leir"))

@@ -35,14 +35,17 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
                                                  help="Minimum length of one measurement in milliseconds."),
              seed: int = typer.Option(0, "--seed", help="Seed of the inputs (same for every program).")):
     """Time programs: median, min, IQR and CV (microseconds per call), and the speedup of each
-    against the first (its median / this median; only between programs with the same signature).
+    against the first (only between programs with the same signature), measured interleaved
+    with the first: --repeat rounds of one measurement of each, A B, B A, ...; the speedup is
+    the median of the paired ratios with a bootstrap 95 % interval, "faster"/"slower" only when
+    the interval excludes 1 (the method of stp dataset --time and stp search).
 
     Method: performance build (CPU: LLVM opt-level 3, P loops parallel, V loops vectorized,
     bound loops serial; CUDA: the GPU form), seeded inputs, --warmup calls, then TVM's
     time_evaluator with --repeat measurements of --number calls. CPU timings use
     TVM_NUM_THREADS threads (1 unless set). Warns on stderr when CV > 5 %."""
     from ..backend.errors import BackendError, LoweringError
-    from ..runner.timing import NOISY_CV, measure, speedup
+    from ..runner.timing import NOISY_CV, compare, measure
 
     problem = device_problem(device)
     if problem:
@@ -64,20 +67,32 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
             fail(f"{p}: {e.stage}: {e.reason}", 1)
         if base is None:
             base = (m, t)
-        s = speedup(base[1], t) if _same_signature(base[0].signature, m.signature) else None
+        s = c = None
+        if base[0] is m:
+            s = 1.0
+        elif _same_signature(base[0].signature, m.signature):
+            try:
+                c = compare(base[0], m, device, rounds=repeat, warmup=warmup, min_repeat_ms=min_repeat_ms, seed=seed)
+            except BackendError as e:
+                fail(f"{p}: {e.stage}: {e.reason}", 1)
+            s = c.speedup
         if t.cv > NOISY_CV:
             typer.echo(f"warning: {p}: CV {t.cv:.1%} > {NOISY_CV:.0%}: noisy timing (raise --repeat or "
                        f"--min-repeat-ms, or use a quieter machine)", err=True)
-        rows.append((p, m, t, s))
+        rows.append((p, m, t, s, c))
         if as_json:
-            typer.echo(json.dumps({"program": str(p), "name": m.signature.name, **t.as_dict(), "speedup": s}))
+            extra = {"speedup_ci": list(c.ci), "speedup_verdict": c.verdict} if c is not None else {}
+            typer.echo(json.dumps({"program": str(p), "name": m.signature.name, **t.as_dict(), "speedup": s, **extra}))
     if as_json:
         return
     w = max(len("program"), *(len(str(p)) for p, *_ in rows))
-    typer.echo(f"{'program':<{w}}  {'median_us':>11}  {'min_us':>11}  {'iqr_us':>10}  {'cv':>6}  {'speedup':>8}")
-    for p, _, t, s in rows:
+    typer.echo(f"{'program':<{w}}  {'median_us':>11}  {'min_us':>11}  {'iqr_us':>10}  {'cv':>6}  {'speedup':>8}  "
+               f"{'95% CI':>15}  verdict")
+    for p, _, t, s, c in rows:
         sp = "n/a" if s is None else f"{s:.2f}x"
-        typer.echo(f"{str(p):<{w}}  {t.median_us:>11.3f}  {t.min_us:>11.3f}  {t.iqr_us:>10.3f}  {t.cv:>6.1%}  {sp:>8}")
+        ci = f"[{c.ci[0]:.2f}, {c.ci[1]:.2f}]" if c is not None else ""
+        typer.echo(f"{str(p):<{w}}  {t.median_us:>11.3f}  {t.min_us:>11.3f}  {t.iqr_us:>10.3f}  {t.cv:>6.1%}  {sp:>8}  "
+                   f"{ci:>15}  {c.verdict if c is not None else ''}")
     t0 = rows[0][2]
     typer.echo(f"({t0.device}, {t0.threads} TVM thread(s), {t0.repeats} measurements of {t0.number} call(s) each "
                f"for the first program)", err=True)

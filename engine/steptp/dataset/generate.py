@@ -160,20 +160,22 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
 
 
 def entry_timing(original: LeirModule, transformed: LeirModule, device: str = "cpu") -> dict:
-    """``{original_us, transformed_us, speedup, device}`` of one verified step:
-    :func:`steptp.runner.timing.measure` of both programs on ``device`` (CPU: the
-    performance build; same seeded inputs; median microseconds per call), speedup =
-    original / transformed (paper App. B.2). A program that cannot be timed gives
+    """``{original_us, transformed_us, speedup, ci, verdict, device}`` of one verified step:
+    :func:`steptp.runner.timing.compare`, the two programs timed interleaved on ``device``
+    (CPU: the performance build) on the same seeded inputs; ``original_us`` /
+    ``transformed_us`` are medians (µs per call), ``speedup`` the median of the paired ratios
+    original/transformed with its bootstrap 95 % interval ``ci`` and ``verdict``
+    (faster/slower only when the interval excludes 1). A program that cannot be timed gives
     ``{"device", "error"}`` instead: the entry is kept, its timing is not invented."""
     from ..backend.errors import BackendError
-    from ..runner.timing import measure, speedup
+    from ..runner.timing import compare
 
     try:
-        a, b = measure(original, device), measure(transformed, device)
+        c = compare(original, transformed, device)
     except (BackendError, ValueError) as e:
         return {"device": device, "error": f"{type(e).__name__}: {e}"[:300]}
-    return {"original_us": round(a.median_us, 4), "transformed_us": round(b.median_us, 4),
-            "speedup": round(speedup(a, b), 4), "device": device}
+    return {"original_us": round(c.baseline_us, 4), "transformed_us": round(c.candidate_us, 4),
+            "speedup": round(c.speedup, 4), "ci": [round(x, 4) for x in c.ci], "verdict": c.verdict, "device": device}
 
 
 def _symbolic(rule, module: LeirModule, step) -> str | None:

@@ -252,20 +252,11 @@ def _measure_cuda(module: LeirModule, number, repeat, warmup, min_repeat_ms, see
     error, so a fault while timing costs this program only)."""
     from ..backend.errors import ExecError  # noqa: PLC0415
     from .device import device_limits, device_problem  # noqa: PLC0415
-    from .worker import IsolatedRunner  # noqa: PLC0415
 
     why = device_problem("cuda")
     if why:
         raise ExecError(why)
-    global _CUDA_RUNNER
-    with _LOCK:
-        if _CUDA_RUNNER is None:
-            import atexit  # noqa: PLC0415
-
-            _CUDA_RUNNER = IsolatedRunner(timeout_s=600.0)
-            atexit.register(_CUDA_RUNNER.close)
-        runner = _CUDA_RUNNER
-    secs, n = runner.call(measure_cuda_here, module.text(), device_limits("cuda"), number, repeat, warmup,
+    secs, n = _cuda_runner().call(measure_cuda_here, module.text(), device_limits("cuda"), number, repeat, warmup,
                           min_repeat_ms, seed, discard_on_error=True)
     return summarize(secs, n, "cuda", 1)
 
@@ -291,5 +282,138 @@ def measure_cuda_here(module_text: str, limits, number, repeat, warmup, min_repe
         return _run_protocol(mod, "cuda", args, number, repeat, warmup, min_repeat_ms)
 
 
-__all__ = ["Timing", "measure", "speedup", "summarize", "cache_info", "clear_cache", "tvm_threads", "DEVICES",
+# ---------------------------------------------------------------------------
+# Interleaved comparison (the one method for speedups: stp time, dataset --time, search)
+# ---------------------------------------------------------------------------
+
+#: Interleaved rounds of :func:`compare` (each round: one measurement of each program).
+DEFAULT_ROUNDS = 10
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Speedup of ``candidate`` over ``baseline`` from interleaved measurements (microseconds
+    per call): ``baseline_us`` / ``candidate_us`` are the medians of their ``rounds``
+    measurements; ``speedup`` is the median of the paired ratios baseline/candidate with a
+    bootstrap ``ci`` (95 %); ``verdict`` is ``faster`` / ``slower`` only when the interval
+    excludes 1, else ``same`` (:func:`steptp.runner.stats.paired_speedup`). ``number``: calls
+    per measurement (the same for both), ``device``, ``threads``."""
+
+    baseline_us: float
+    candidate_us: float
+    speedup: float
+    ci: tuple[float, float]
+    verdict: str
+    rounds: int
+    number: int
+    device: str
+    threads: int = 1
+
+    def as_dict(self) -> dict:
+        """JSON-ready dict (``ci`` a list)."""
+        d = asdict(self)
+        d["ci"] = list(self.ci)
+        return d
+
+
+def compare(baseline: LeirModule, candidate: LeirModule, device: str = "cpu", *, rounds: int = DEFAULT_ROUNDS,
+            warmup: int = DEFAULT_WARMUP, min_repeat_ms: float = DEFAULT_MIN_REPEAT_MS, seed: int = 0) -> Comparison:
+    """Time ``baseline`` and ``candidate`` (same signature) **interleaved** in one process on
+    the same seeded inputs: ``warmup`` calls of each, ``number`` calibrated so that one
+    measurement of the faster lasts ``min_repeat_ms``, then ``rounds`` rounds of one
+    ``time_evaluator`` measurement each, in the order AB, BA, AB ... (drift and a warm or cold
+    machine hit both alike). Returns a :class:`Comparison`. On ``cuda`` it runs in a worker
+    process discarded after any CUDA error. Raises ``ValueError`` (bad settings, different
+    signatures), Lowering/Build/ExecError. Sources: TVM ``Module.time_evaluator``; paired
+    ratios with a bootstrap interval (Efron & Tibshirani 1993); issue 26."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
+    if rounds < 1 or warmup < 0 or min_repeat_ms < 0:
+        raise ValueError("compare: need rounds >= 1, warmup >= 0, min_repeat_ms >= 0")
+    if _sig_key(baseline) != _sig_key(candidate):
+        raise ValueError("compare: the two programs have different signatures (not the same inputs)")
+    if device == "cpu":
+        threads = tvm_threads()
+        ta, tb, n = compare_here(baseline.text(), candidate.text(), "cpu", None, rounds, warmup, min_repeat_ms, seed)
+    else:
+        from ..backend.errors import ExecError  # noqa: PLC0415
+        from .device import device_limits, device_problem  # noqa: PLC0415
+
+        why = device_problem("cuda")
+        if why:
+            raise ExecError(why)
+        threads = 1
+        ta, tb, n = _cuda_runner().call(compare_here, baseline.text(), candidate.text(), "cuda", device_limits("cuda"),
+                                        rounds, warmup, min_repeat_ms, seed, discard_on_error=True)
+    from .stats import paired_speedup  # noqa: PLC0415
+
+    st = paired_speedup(ta, tb, seed=seed)
+    return Comparison(baseline_us=st["a_median"] * 1e6, candidate_us=st["b_median"] * 1e6, speedup=st["speedup"],
+                      ci=(st["ci"][0], st["ci"][1]), verdict=st["verdict"], rounds=rounds, number=n, device=device,
+                      threads=threads)
+
+
+def _sig_key(m: LeirModule):
+    return sorted((t.name, t.is_output, t.dtype, tuple(t.shape)) for t in m.signature.tensors)
+
+
+def compare_here(text_a: str, text_b: str, device: str, limits, rounds: int, warmup: int, min_repeat_ms: float,
+                 seed: int) -> tuple[list[float], list[float], int]:
+    """The measurements of :func:`compare` in this process: (seconds per call of A per
+    round, of B per round, number)."""
+    import tempfile  # noqa: PLC0415
+
+    from ..backend.cuda_runtime import _short, device_args, load_built, sync, time_function  # noqa: PLC0415
+    from ..backend.errors import ExecError  # noqa: PLC0415
+    from ..leir import parse_leir  # noqa: PLC0415
+
+    a, b = parse_leir(text_a), parse_leir(text_b)
+    inputs = _inputs(a, seed)
+    with tempfile.TemporaryDirectory(prefix="stp-compare-") as tmp:
+        mods = []
+        for k, m in enumerate((a, b)):
+            if device == "cpu":
+                from ..backend.perf import build_perf_cpu  # noqa: PLC0415
+
+                mod = build_perf_cpu(m).executable.mod
+                args = device_args(_params(m), "cpu", inputs)
+            else:
+                from ..backend.perf import export_cuda_cached  # noqa: PLC0415
+
+                built, _ = export_cuda_cached(m, f"{tmp}/{k}", limits=limits)
+                mod = load_built(built)
+                args = device_args(built.params, "cuda", inputs)
+            mods.append((mod, args))
+        try:
+            for mod, args in mods:
+                for _ in range(warmup):
+                    mod["main"](*args)
+            sync(device)
+        except Exception as e:  # noqa: BLE001
+            raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
+        probe = min(min(time_function(mod, device, args, number=1, repeat=3)) for mod, args in mods)
+        number = min(MAX_NUMBER, max(1, math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9)))) if min_repeat_ms else 1
+        ta: list[float] = []
+        tb: list[float] = []
+        for r in range(rounds):
+            order = ((mods[0], ta), (mods[1], tb))
+            for (mod, args), acc in (order if r % 2 == 0 else order[::-1]):
+                acc.append(time_function(mod, device, args, number=number, repeat=1)[0])
+    return ta, tb, number
+
+
+def _cuda_runner():
+    from .worker import IsolatedRunner  # noqa: PLC0415
+
+    global _CUDA_RUNNER
+    with _LOCK:
+        if _CUDA_RUNNER is None:
+            import atexit  # noqa: PLC0415
+
+            _CUDA_RUNNER = IsolatedRunner(timeout_s=600.0)
+            atexit.register(_CUDA_RUNNER.close)
+        return _CUDA_RUNNER
+
+
+__all__ = ["Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads", "DEVICES",
            "DEFAULT_WARMUP", "DEFAULT_REPEAT", "DEFAULT_MIN_REPEAT_MS", "NOISY_CV"]
