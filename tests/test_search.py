@@ -274,3 +274,27 @@ def test_llm_strategy_names_map_to_rule_ids():
     assert _strategy_id(powsimp["name"].title(), table) == "powsimp"
     assert _strategy_id("Loop Split, loop-reorder", table) == "loop_split+loop_reorder"
     assert _strategy_id("a brand new trick", table) == "a_brand_new_trick"
+
+
+def test_a_binding_on_the_cpu_is_a_noop_not_a_sample(tmp_path):
+    """A step whose built code for the device is its parent's (a thread binding: B loops are
+    serial loops on the CPU) is neither verified, timed nor a step: status noop, counted."""
+    from steptp.engine import apply_rule
+    from steptp.rules import load_rules
+
+    rules = {r.id: r for r in load_rules()}
+    root = load_leir(EXAMPLES / "softmax.leir")
+    bound = apply_rule(rules["loop_binding"], root, seed=0).after
+    split = apply_rule(rules["loop_split"], root, seed=1).after
+    recs = [{"parent": root.text(), "leir": bound.text(), "strategy": "loop_binding"},
+            {"parent": root.text(), "leir": split.text(), "strategy": "loop_split"}]
+    rp = tmp_path / "replay.jsonl"
+    rp.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["search", str(EXAMPLES / "softmax.leir"), "-o", str(out), "--policy", "replay",
+                            "--replay", str(rp), "--algorithm", "greedy", "-n", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    tree = {n["strategy"]: n for n in map(json.loads, (out / "tree.jsonl").read_text().splitlines())}
+    assert tree["loop_binding"]["status"] == "noop" and tree["loop_split"]["status"] == "equal"
+    sm = json.loads(next(out.rglob("summary.json")).read_text())
+    assert sm["noop"] == 1 and sm["samples"] == 1

@@ -210,6 +210,8 @@ class Search:
             child.status, child.reason = "revert", "same program as an ancestor (reverting is not allowed)"
         elif text in self.seen:
             child.status, child.reason = "duplicate", f"same program as node {self.seen[text]}"
+        elif self._same_code(node, p.module):
+            child.status, child.reason = "noop", "builds to the same code as its parent on this device (not timed)"
         else:
             ev = self.evaluator.evaluate(p.module)
             for stage, s in (getattr(ev, "seconds", None) or {}).items():
@@ -231,6 +233,18 @@ class Search:
             self.seen[text] = child.id
         self.nodes.append(child)
         return child
+
+    def _same_code(self, node: Node, module) -> bool:
+        """The evaluator's ``same_code(parent, module)`` when it has one (a step that changes
+        nothing the device runs, e.g. a thread binding on the CPU, is no step: ``noop``)."""
+        same = getattr(self.evaluator, "same_code", None)
+        if same is None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            return bool(same(node.module, module))
+        finally:
+            self.timer.add("verify", time.perf_counter() - t0)
 
     def trajectory(self, node: Node | None = None) -> list[Node]:
         """The best trajectory: root ... best node."""

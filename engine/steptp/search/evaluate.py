@@ -68,6 +68,7 @@ class Measure:
     timer: object = None
     _verified: dict = field(default_factory=dict)
     _times: dict = field(default_factory=dict)
+    _funcs: dict = field(default_factory=dict)
     root_time_us: float = 0.0
 
     def __post_init__(self):
@@ -90,6 +91,33 @@ class Measure:
             else:
                 hit = time_us(module, self.device, repeat=self.repeat, warmup=self.warmup)
             self._times[key] = hit
+        return hit
+
+    def same_code(self, parent: LeirModule, module: LeirModule) -> bool:
+        """True when ``module`` builds to the same code as ``parent`` on this device, so
+        timing it would measure the parent again: on ``cpu``, their performance-form PrimFuncs
+        are structurally equal up to the names of variables and loops
+        (``tvm_ffi.structural_equal(..., map_free_vars=True)``; a ``B`` loop is a serial loop
+        there, so a thread binding changes nothing). Always False on ``cuda`` and with a custom
+        ``timer``. Never raises (a program that does not lower is not called a no-op)."""
+        if self.device != "cpu" or self.timer is not None:
+            return False
+        try:
+            import tvm_ffi  # noqa: PLC0415
+
+            return bool(tvm_ffi.structural_equal(self._perf_func(parent), self._perf_func(module),
+                                                 map_free_vars=True))
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _perf_func(self, module: LeirModule):
+        from ..backend.build import parse_tvmscript  # noqa: PLC0415
+        from ..backend.perf import perf_cpu_text  # noqa: PLC0415
+
+        key = canonical(module)
+        hit = self._funcs.get(key)
+        if hit is None:
+            hit = self._funcs[key] = parse_tvmscript(perf_cpu_text(module))
         return hit
 
     def evaluate(self, module: LeirModule) -> Evaluation:

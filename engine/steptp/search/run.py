@@ -12,7 +12,8 @@ One search per program (:func:`search_program`) writes into its directory:
   ``trajectory`` (root first; each step: strategy, site, params, LEIR, time_us, speedup),
   ``curve`` (best speedup after each sample), ``seconds`` (propose / verify / time / total),
   ``confirmed`` (the re-time: root and best medians, speedup, ci, verdict, rounds),
-  ``counts`` (nodes per status) and, for a PyTorch program, ``eager_time_us`` and
+  ``counts`` (nodes per status), ``noop`` (candidates that build to the same code as
+  their parent on the device, e.g. a thread binding on the CPU: not timed, not a step) and, for a PyTorch program, ``eager_time_us`` and
   ``speedup_vs_eager`` (PyTorch eager time / best LEIR time, same device and input shapes).
 * ``best.leir``: the fastest verified program with its ``%`` header (``stp verify`` loads it).
 * ``tree.jsonl``: every node of the search (also rejected ones, with the reason).
@@ -248,7 +249,7 @@ def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: flo
                         "leir": n.text, "time_us": n.time_us, "speedup": n.speedup, "cot": n.cot}
                        for i, n in enumerate(traj)],
         "curve": [[a, b] for a, b in s.curve],
-        "nodes": len(s.nodes), "counts": counts,
+        "nodes": len(s.nodes), "counts": counts, "noop": counts.get("noop", 0),
         "seconds": {**{k: round(v, 3) for k, v in s.timer.seconds.items()}, "total": round(seconds, 3)},
     }
 
