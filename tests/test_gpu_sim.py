@@ -249,6 +249,16 @@ def test_pack_of_nothing_and_run_of_a_non_pack_are_clear_errors(sim, tmp_path):
     assert r.returncode == 2 and "manifest" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_pack_for_a_newer_gpu_is_refused(sim, tmp_path):
+    pack = tmp_path / "pack"
+    r = run(STP, "gpu", "pack", EXAMPLES / "softmax.leir", EXAMPLES / "softmax.leir", "-o", pack, "--arch", "sm_90",
+            "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    r = run(STP, "gpu", "run", pack, "-o", tmp_path / "res", env={**sim, "STP_CUDA_SIM_ARCH": "sm_80"})
+    assert r.returncode == 2 and "--arch sm_80" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "res").exists()
+
+
 def test_no_gpu_is_one_line_and_nothing_written(monkeypatch, tmp_path):
     monkeypatch.delenv("STP_CUDA_SIM", raising=False)
     if cr.cuda_available() is None:

@@ -215,8 +215,15 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
     if why:
         raise PackRunError(f"cannot run the pack here: {why}")
     arch = cr.device_arch()
-    if arch and m["arch"] != arch and not cr.simulated():
-        print(f"note: the pack was built for {m['arch']}, this GPU is {arch}: its PTX is JIT-compiled by the driver",
+    if arch and m["arch"] != arch:
+        def cc(a: str) -> int:
+            digits = a.removeprefix("sm_").rstrip("a")
+            return int(digits) if digits.isdigit() else 0
+
+        if cc(arch) < cc(m["arch"]):
+            raise PackRunError(f"the pack was built for {m['arch']} and this GPU is {arch}: PTX runs only on its "
+                               f"own architecture or newer (stp gpu pack ... --arch {arch})")
+        print(f"note: the pack was built for {m['arch']}, this GPU is {arch}: the driver JIT-compiles its PTX",
               file=sys.stderr)
     out = Path(results)
     out.mkdir(parents=True, exist_ok=True)
