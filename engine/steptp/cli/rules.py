@@ -39,19 +39,23 @@ def _rule_files(files) -> list:
 
 
 def _programs(inputs) -> list:
+    """The ``.leir`` programs of ``inputs`` (:func:`steptp.programs.discover`, LEIR only)."""
     from ..leir import LeirSyntaxError, load_leir
+    from ..programs import discover
 
-    out = []
     for i in inputs:
-        p = Path(i)
-        files = sorted(p.rglob("*.leir")) if p.is_dir() else [p]
-        if not p.exists():
-            fail(f"{p}: no such file or directory")
-        for f in files:
-            try:
-                out.append(load_leir(f))
-            except LeirSyntaxError as e:
-                fail(str(e))
+        if not Path(i).exists():
+            fail(f"{i}: no such file or directory")
+    try:
+        sources = discover(inputs, kinds=("leir",))
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    out = []
+    for src in sources:
+        try:
+            out.append(load_leir(src.path))
+        except LeirSyntaxError as e:
+            fail(str(e))
     return out
 
 

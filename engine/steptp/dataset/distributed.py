@@ -24,7 +24,7 @@ from collections import deque
 from typing import Iterator, Sequence
 
 from .generate import INTERNAL_ERROR, Options, ProgramResult, process_batch_safe
-from .sources import Source
+from ..programs import Source
 
 
 class RayUnavailable(RuntimeError):

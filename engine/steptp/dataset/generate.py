@@ -30,9 +30,9 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from ..leir.fileformat import LeirModule, load_leir
+from ..leir.fileformat import LeirModule
 from ..leir.printer import format_program
-from .sources import Source
+from ..programs import Source, load
 
 
 @dataclass
@@ -113,11 +113,9 @@ def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
     """Parse or translate one source; returns the module and the original's verification.
 
     Raises whatever the parser/translator raises; the caller records it as the program error."""
-    if src.kind == "leir":
-        return load_leir(src.path), {"against": "none"}
-    from ..frontend import translate_file
-
-    tr = translate_file(src.path)
+    module, tr = load(src.path, analyze=False)
+    if tr is None:
+        return module, {"against": "none"}
     res = tr.verify(trials=opts.trials, seed=opts.seed, runner=_runner(opts), timeout_s=opts.timeout_s)
     ver = res.to_dict()
     ver["against"] = "pytorch"

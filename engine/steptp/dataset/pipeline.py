@@ -43,7 +43,7 @@ from .chat import multi_messages, single_messages
 from .difficulty import FilterPolicy, filter_multi_items, keep_single, paper_sets
 from .generate import Options, ProgramResult, is_internal_error, process_batch_safe
 from .resume import ResumeError, load_resume_state
-from .sources import discover
+from ..programs import discover
 from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
 
 

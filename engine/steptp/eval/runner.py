@@ -32,7 +32,7 @@ import json
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..leir.printer import format_program
@@ -67,14 +67,13 @@ class EvalOptions:
 
 
 def load_cases(inputs: list[str]) -> tuple[list[Case], list[dict]]:
-    """Discover the inputs (:func:`steptp.dataset.sources.discover`) and load each program:
-    ``.leir`` parsed, ``.py`` translated (not re-verified against PyTorch). Returns ``(cases,
+    """Discover the inputs and load each program (:func:`steptp.programs.discover`,
+    :func:`steptp.programs.load`): ``.leir`` parsed and analysed, ``.py`` translated (not
+    re-verified against PyTorch). Returns ``(cases,
     skipped)`` with ``skipped`` = ``[{"source", "error"}]``. Raises :class:`EvalError` for a
     missing path or a file of another type."""
-    from ..dataset.sources import discover
-    from ..leir.analysis import analyze
-    from ..leir.fileformat import load_leir
     from ..llm import single_prompt
+    from ..programs import discover, load
 
     try:
         sources = discover(inputs)
@@ -83,13 +82,7 @@ def load_cases(inputs: list[str]) -> tuple[list[Case], list[dict]]:
     cases, skipped = [], []
     for src in sources:
         try:
-            if src.kind == "leir":
-                module = load_leir(src.path)
-                analyze(module.program, module.signature)
-            else:
-                from ..frontend import translate_file
-
-                module = translate_file(src.path).module
+            module, _ = load(src.path)
             cases.append(Case(src.key, str(src.path), module.signature.name, module, single_prompt(module)))
         except Exception as e:  # noqa: BLE001 - one bad program is skipped and reported
             skipped.append({"source": str(src.path), "error": f"{type(e).__name__}: {e}"[:500]})

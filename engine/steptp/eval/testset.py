@@ -189,7 +189,7 @@ def build_testset(inputs: list[str], outdir: str | Path, variants: int = 3, excl
     :class:`OverlapError` (nothing written) when cases occur in ``exclude``'s dataset."""
     from tqdm import tqdm
 
-    from ..dataset.sources import discover
+    from ..programs import discover
     from ..leir.fileformat import save_leir
 
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..leir import ast as A
 from ..leir.fileformat import LeirModule, Signature, TensorDecl
@@ -198,15 +197,13 @@ class LintFinding:
 def largest_program(paths) -> LeirModule | None:
     """The ``.leir`` program with the most top-level nests among files/directories."""
     from ..leir import load_leir
+    from ..programs import discover
 
     best = None
-    for p in paths:
-        p = Path(p)
-        files = sorted(p.glob("*.leir")) if p.is_dir() else [p]
-        for f in files:
-            m = load_leir(f)
-            if best is None or len(m.program.nests) > len(best.program.nests):
-                best = m
+    for src in discover(paths, kinds=("leir",)):
+        m = load_leir(src.path)
+        if best is None or len(m.program.nests) > len(best.program.nests):
+            best = m
     return best
 
 

@@ -90,56 +90,47 @@ class SearchConfig:
 
 
 def collect_programs(inputs: list[str | Path]) -> list[Path]:
-    """Program files of ``inputs`` (files, or directories: their ``*.py`` and ``*.leir``;
-    where both ``X.py`` and ``X.leir`` exist the ``.py`` is used). Raises
-    :class:`SearchInputError` for a missing path or an empty directory."""
+    """Program files of ``inputs`` by the one rule set of :func:`steptp.programs.discover`
+    (directories recursively; a ``.py`` needs ``class Model``; ``X.py`` wins over
+    ``X.leir``). Raises :class:`SearchInputError` for a missing path, a file of another type
+    or a directory without programs."""
+    from ..programs import discover
+
     out: list[Path] = []
     for raw in inputs:
-        p = Path(raw)
-        if p.is_dir():
-            files = sorted(x for x in p.iterdir() if x.suffix in (".py", ".leir") and x.is_file()
-                           and not x.name.startswith("_"))
-            stems = {x.stem for x in files if x.suffix == ".py"}
-            files = [x for x in files if x.suffix == ".py" or x.stem not in stems]
-            if not files:
-                raise SearchInputError(f"{p}: no .py or .leir programs")
-            out.extend(files)
-        elif p.is_file():
-            if p.suffix not in (".py", ".leir"):
-                raise SearchInputError(f"{p}: expected a .leir or a PyTorch .py program")
-            out.append(p)
-        else:
-            raise SearchInputError(f"{p}: no such file or directory")
+        try:
+            found = discover([raw])
+        except (FileNotFoundError, ValueError) as e:
+            msg = str(e).replace("input not found: ", "")
+            raise SearchInputError(f"{msg}: no such file or directory" if isinstance(e, FileNotFoundError)
+                                   else msg) from None
+        if not found:
+            raise SearchInputError(f"{raw}: no .py or .leir programs")
+        out.extend(src.path for src in found)
     return out
 
 
 def load_program(path: Path):
-    """``(LeirModule, Translation or None)`` of a ``.leir`` file or a PyTorch ``.py`` file
-    (translated with :func:`steptp.frontend.translate_file`). Raises :class:`SearchInputError`."""
-    if path.suffix == ".py":
-        from ..frontend import translate_file
-
-        try:
-            tr = translate_file(path)
-        except FileNotFoundError:
-            raise SearchInputError(f"{path}: no such file") from None
-        except Exception as e:  # noqa: BLE001 - TranslationError and the program's own errors
-            raise SearchInputError(f"{path}: cannot translate: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                                   ) from None
-        return tr.module, tr
-    from ..leir import LeirSyntaxError, load_leir
-    from ..leir.analysis import LeirSemanticError, analyze
+    """``(LeirModule, Translation or None)`` of a ``.leir`` file (parsed and analysed) or a
+    PyTorch ``.py`` file (translated): :func:`steptp.programs.load`. Raises
+    :class:`SearchInputError` with one line naming the file."""
+    from ..leir import LeirSyntaxError
+    from ..leir.analysis import LeirSemanticError
+    from ..programs import load
 
     try:
-        m = load_leir(path)
-        analyze(m.program, m.signature)
+        return load(path)
+    except FileNotFoundError:
+        raise SearchInputError(f"{path}: no such file") from None
     except LeirSyntaxError as e:
         raise SearchInputError(str(e).splitlines()[0]) from None
     except LeirSemanticError as e:
         raise SearchInputError(f"{path}: {e}") from None
     except OSError as e:
         raise SearchInputError(f"{path}: cannot read: {e.strerror or e}") from None
-    return m, None
+    except Exception as e:  # noqa: BLE001 - TranslationError and the program's own errors
+        raise SearchInputError(f"{path}: cannot translate: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                               ) from None
 
 
 def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.02) -> float:
