@@ -267,11 +267,13 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
                 if progress:
                     print(f"\r{ran}/{len(todo)} entries", end="", file=sys.stderr, flush=True)
     finally:
+        restarts = runner.restarts
         runner.close()
         if progress and todo:
             print(file=sys.stderr)
     wall = time.perf_counter() - t0
     summary = summarize(path, m, wall=wall, ran=ran, stopped=stopped)
+    summary["worker_restarts"] = restarts  # workers discarded after a CUDA error or a time-out
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report_md(summary), encoding="utf-8")
     return summary
