@@ -99,6 +99,71 @@ def test_time_limit_raises():
             time.sleep(1)
 
 
+def test_nested_time_limits_keep_the_outer_deadline():
+    # sympy's limit (steptp.engine.algebra) nested in a candidate's limit (steptp.timelimit), as in
+    # stp dataset / eval: the outer limit still fires at its own deadline, and is restored after
+    import signal
+
+    from steptp.timelimit import WorkTimeout, time_limit
+
+    handler = signal.getsignal(signal.SIGALRM)
+    # the outer deadline comes first: it fires inside the inner block
+    t0 = time.perf_counter()
+    with pytest.raises(WorkTimeout, match="outer exceeded"):
+        with time_limit(0.2, "outer"):
+            with G.time_limit(5.0):
+                time.sleep(3)
+    assert time.perf_counter() - t0 < 1.5
+    # the inner limit fires first; the outer timer is re-armed with what is left of it, not reset
+    t0 = time.perf_counter()
+    with pytest.raises(WorkTimeout, match="outer exceeded"):
+        with time_limit(0.5, "outer"):
+            with pytest.raises(G.AlgebraTimeout):
+                with G.time_limit(0.1):
+                    time.sleep(3)
+            left = signal.getitimer(signal.ITIMER_REAL)[0]
+            assert 0 < left <= 0.45
+            time.sleep(3)
+    assert 0.45 < time.perf_counter() - t0 < 1.5
+    # an outer deadline that passed while the inner block ran fires as soon as it exits
+    with pytest.raises(WorkTimeout, match="outer exceeded"):
+        with time_limit(0.1, "outer"):
+            with time_limit(5.0, "inner"):
+                signal.setitimer(signal.ITIMER_REAL, 0)  # (stand-in for a block the alarm cannot reach)
+                time.sleep(0.2)
+            time.sleep(3)
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_time_limit_inside_a_foreign_timer():
+    # an outer SIGALRM handler that returns runs once, at its time; the limit still fires at its own
+    import signal
+
+    from steptp.timelimit import WorkTimeout, time_limit
+
+    ticks = []
+    old = signal.signal(signal.SIGALRM, lambda *a: ticks.append(time.perf_counter()))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        t0 = time.perf_counter()
+        with pytest.raises(WorkTimeout):
+            with time_limit(0.3, "inner"):
+                time.sleep(3)
+        assert len(ticks) == 1 and ticks[0] - t0 < 0.25 and 0.25 < time.perf_counter() - t0 < 1.5
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        # SIG_IGN outside: ignored inside too, and the limit fires at its own deadline
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        t0 = time.perf_counter()
+        with pytest.raises(WorkTimeout):
+            with time_limit(0.3, "inner"):
+                time.sleep(3)
+        assert 0.25 < time.perf_counter() - t0 < 1.5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_oversized_expression_is_not_a_candidate():
     # 10 parenthesised groups of 20 products: > MAX_NODES nodes, within the parser's depth limit
     big = val("+".join("(" + "+".join([f"{Aa}*{Wa}"] * 20) + ")" for _ in range(10)))
@@ -274,3 +339,22 @@ def test_symbolic_check_of_guarded_values_and_constant_differences():
     assert symbolic_check(parse_expr("if_then_else(a<1,0.0,A^{f32,g}_{a})"),
                           parse_expr("if_then_else(a<2,0.0,A^{f32,g}_{a})")) == "unknown"
     assert symbolic_check(parse_expr("A^{f32,g}_{tx}+1.0"), parse_expr("A^{f32,g}_{tx}+2.0")) == "disproved"
+
+
+def test_an_outer_limit_swallowed_in_an_inner_block_fires_again_after_it():
+    # algebra.describe catches every exception: an outer (candidate) limit that fires inside
+    # it must not be lost, or the candidate's work would run unbounded
+    from steptp.timelimit import WorkTimeout, time_limit
+
+    swallowed = []
+    t0 = time.perf_counter()
+    with pytest.raises(WorkTimeout, match="outer exceeded"):
+        with time_limit(0.2, "outer"):
+            with G.time_limit(5.0):
+                try:
+                    time.sleep(3)
+                except Exception as e:  # noqa: BLE001 - a best-effort caller
+                    swallowed.append(e)
+            time.sleep(3)  # the outer limit fires here at once
+    assert swallowed and isinstance(swallowed[0], WorkTimeout)
+    assert time.perf_counter() - t0 < 1.5

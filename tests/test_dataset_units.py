@@ -154,6 +154,14 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     write_jsonl_atomic(p, [{"x": 2}, {"x": 3}])
     assert [json.loads(l)["x"] for l in p.read_text().splitlines()] == [2, 3]
     assert not (tmp_path / "c.jsonl.tmp").exists()
+    from steptp.dataset.writers import write_json_atomic, write_text_atomic
+
+    t = tmp_path / "s.txt"
+    write_text_atomic(t, "old\n")
+    write_text_atomic(t, "n\u00e9w\r\n")  # UTF-8, no newline translation
+    assert t.read_bytes() == "n\u00e9w\r\n".encode("utf-8") and not (tmp_path / "s.txt.tmp").exists()
+    write_json_atomic(t, {"a": "\u00e9"})
+    assert t.read_text(encoding="utf-8") == '{\n  "a": "\u00e9"\n}\n'
 
 
 def test_discover_prefers_python_over_its_leir_and_skips_non_models(tmp_path):

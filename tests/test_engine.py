@@ -565,3 +565,16 @@ def test_new_strategies_are_yaml_only(rid):
     rule = load_rule_text(textwrap.dedent(YAML_ONLY[rid]), f"<{rid}>")
     for out in run_rule_tests(rule, verify=True):
         assert out.ok, out.message
+
+
+def test_apply_rule_takes_a_loaded_rule_not_a_path():
+    # the engine sits below the loader: a path is refused with a pointer to steptp.rules.load_rule
+    from steptp.rules.loader import default_rules_dir
+
+    r = RULES["loop_split"]
+    m = parse_leir(r.tests[0].before)
+    path = default_rules_dir() / "loop_split.yaml"
+    for bad in (path, str(path), str(path).encode()):
+        with pytest.raises(TypeError, match="load_rule"):
+            apply_rule(bad, m)
+    assert apply_rule(r, m, site=r.tests[0].site, params=r.tests[0].params).after.program

@@ -275,3 +275,93 @@ def test_a_disproved_math_rewrite_fails_its_self_test():
     r = load_rule_text(bad, "<bad_math>")
     out = run_rule_test(r, r.tests[0], verify=False)
     assert not out.ok and out.symbolic == "disproved" and "disproves" in out.message
+
+
+# ---------------------------------------------------------------------------
+# stp rules test --update: rewrite the after: texts in place
+# ---------------------------------------------------------------------------
+
+_SPLIT_AFTER = ("      B^{8}_{tx=0}L^{4}_{d=0}L^{4}_{f=0}L^{12}_{c=0}[C^{f32,g}_{tx,d*4+f}=C^{f32,g}_{tx,d*4+f}+"
+                "A^{f32,g}_{tx,c}*W^{f32,g}_{c,d*4+f};];\n")
+
+
+@pytest.mark.parametrize("corrupt", [
+    # another loop variable: still parses, but is not what the engine produces
+    lambda line: line.replace("_{f=0}", "_{e=0}").replace("d*4+f", "d*4+e"),
+    # the same program in a non-canonical form (redundant parentheses)
+    lambda line: line.replace("+A^{f32,g}_{tx,c}*", "+(A^{f32,g}_{tx,c})*"),
+], ids=["renamed-variable", "non-canonical"])
+def test_selftest_update_restores_a_corrupted_after_text(tmp_path, corrupt):
+    orig = (default_rules_dir() / "loop_split.yaml").read_bytes()
+    text = orig.decode("utf-8")
+    assert text.count(_SPLIT_AFTER) == 1
+    p = tmp_path / "loop_split.yaml"
+    p.write_bytes(text.replace(_SPLIT_AFTER, corrupt(_SPLIT_AFTER)).encode("utf-8"))
+    assert p.read_bytes() != orig
+    lines = []
+    assert run_selftests([str(p)], echo=lines.append, update=True)
+    assert p.read_bytes() == orig
+    assert "after: rewritten" in lines[0] and sum("after: rewritten" in x for x in lines) == 1
+    assert lines[-1] == "1 after: text(s) rewritten in 1 file(s)"
+    assert not (tmp_path / "loop_split.yaml.tmp").exists()
+
+
+def test_selftest_update_leaves_an_up_to_date_file_alone(tmp_path):
+    orig = (default_rules_dir() / "expression_reorder.yaml").read_bytes()
+    p = tmp_path / "expression_reorder.yaml"
+    p.write_bytes(orig)
+    mtime = p.stat().st_mtime_ns
+    lines = []
+    assert run_selftests([str(p)], echo=lines.append, update=True)
+    assert p.read_bytes() == orig and p.stat().st_mtime_ns == mtime
+    assert lines[-1] == "no after: text to rewrite"
+
+
+def test_selftest_update_refuses_a_wrong_rewrite(tmp_path):
+    # the rule now rewrites log(a)+log(b) to log(a+b): its output must never become the expected text
+    orig = (default_rules_dir() / "logsimp.yaml").read_text(encoding="utf-8")
+    assert orig.count('rewrite: "log(?a*?b)"') == 1
+    p = tmp_path / "logsimp.yaml"
+    p.write_text(orig.replace('rewrite: "log(?a*?b)"', 'rewrite: "log(?a+?b)"'), encoding="utf-8")
+    before = p.read_bytes()
+    with pytest.raises(RuleError, match=r"logsimp\.yaml.*tests\[0\]\.after.*no file was rewritten"):
+        run_selftests([str(p)], echo=lambda s: None, update=True)
+    assert p.read_bytes() == before
+
+
+def test_selftest_update_refuses_when_the_numeric_check_fails(tmp_path, monkeypatch):
+    import types
+
+    import steptp.verify
+
+    # the after: texts are stale (a variable renamed), and the engine's output "fails" verification
+    text = (default_rules_dir() / "expression_reorder.yaml").read_text(encoding="utf-8")
+    p = tmp_path / "expression_reorder.yaml"
+    stale = "    after: >-\n      B^{4}_{tx=0}L^{8}_{a=0}"
+    p.write_text(text.replace(stale, stale.replace("{a=0}", "{b=0}"))
+                 .replace("exp(-A^{f32,g}_{tx,a});];B^{4}", "exp(-A^{f32,g}_{tx,b});];B^{4}"), encoding="utf-8")
+    before = p.read_bytes()
+    assert before.decode() != text and load_rule(p).tests[0].after != BY_ID["expression_reorder"].tests[0].after
+    monkeypatch.setattr(steptp.verify, "verify_pair",
+                        lambda *a, **k: types.SimpleNamespace(equal=False, reason="2 elements differ"))
+    with pytest.raises(RuleError, match=r"expression_reorder\.yaml: tests\[0\]\.after: .*2 elements differ"):
+        run_selftests([str(p)], echo=lambda s: None, update=True)
+    assert p.read_bytes() == before
+    with pytest.raises(ValueError, match="verification"):
+        run_selftests([str(p)], verify=False, update=True)
+
+
+def test_rewrite_after_texts_keeps_every_other_byte():
+    from steptp.rules.selftest import rewrite_after_texts
+
+    text = ("id: x  # a comment\ntests:\n  - name: 'one'\n    after: >-   # keep me\n      OLD;\n\n"
+            "    cot_contains: [\"a\"]\n  - {name: two, after: 'OLD2'}\n  - name: three\n    after: \"OLD3\"\n"
+            "    seed: 3\n")
+    out = rewrite_after_texts(text, {0: "NEW;", 1: "it's", 2: "N3"})
+    assert out == text.replace("OLD;", "NEW;").replace("'OLD2'", "'it''s'").replace('"OLD3"', '"N3"')
+    assert yaml.safe_load(out)["tests"][1]["after"] == "it's"
+    # a multi-line value cannot stay a folded scalar: it is written double-quoted
+    out = rewrite_after_texts(text, {0: "A;\nB;"})
+    assert yaml.safe_load(out)["tests"][0]["after"] == "A;\nB;" and '    after: "A;\\nB;"\n\n    cot' in out
+    with pytest.raises(RuleError, match=r"tests\[5\]\.after"):
+        rewrite_after_texts(text, {5: "X"})

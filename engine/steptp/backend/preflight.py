@@ -540,10 +540,6 @@ def _index_names(e: A.Expr) -> set[str]:
     return {x.name for x in A.walk(e) if isinstance(x, A.Index)}
 
 
-_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
-             "u8": 1, "u16": 2, "u32": 4, "u64": 8, "bool": 1}
-
-
 def _per_block_bytes(name: str, acc, info: ProgramInfo) -> int:
     """Bytes of ``name`` one thread block touches: the interval of every subscript with the
     blockIdx-bound indices fixed (what TVM's buffer compaction allocates as __shared__)."""
@@ -565,7 +561,7 @@ def _per_block_bytes(name: str, acc, info: ProgramInfo) -> int:
     n = 1
     for d in range(len(shape)):
         n *= int(hi[d] - lo[d] + 1) if hi[d] >= lo[d] else 1
-    return n * _ITEMSIZE.get(info.types[name][0], 8)
+    return n * A.DTYPE_BYTES.get(info.types[name][0], 8)
 
 
 def preflight(module_or_program, signature: Signature | None = None, limits: GpuLimits = DEFAULT_GPU) -> None:

@@ -117,16 +117,23 @@ def rules_coverage(inputs: List[Path] = typer.Argument(..., help=".leir files or
 
 @rules_app.command("test")
 def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule files (default: all shipped)."),
-               no_verify: bool = typer.Option(False, "--no-verify", help="Skip numeric verification.")):
-    """Run each rule's own before/after tests (exact LEIR) and verify them numerically."""
+               no_verify: bool = typer.Option(False, "--no-verify", help="Skip numeric verification."),
+               update: bool = typer.Option(False, "--update", help="Rewrite each test's after: text with what the "
+                                           "engine now produces (after a deliberate printer change); every rewrite "
+                                           "is verified numerically, and no file is written if one fails.")):
+    """Run each rule's own before/after tests (exact LEIR) and verify them numerically;
+    ``--update`` rewrites the after: texts in place (the rest of each file is kept byte for byte)."""
     from ..rules.selftest import run_selftests
 
+    if update and no_verify:
+        fail("--update verifies every rewrite numerically: drop --no-verify")
     for f in files or []:
         guard_rule(f, lambda f=f: __import__("steptp.rules", fromlist=["load_rule"]).load_rule(f))
     from ..rules import RuleError
 
     try:
-        ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo)
+        ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo,
+                           update=update)
     except RuleError as e:
         fail(str(e))
     if not ok:

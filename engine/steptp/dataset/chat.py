@@ -115,7 +115,9 @@ def _strip_fence(body: str) -> str:
     return body
 
 
-def _signature_of(sig):
+def signature_of(sig):
+    """A :class:`~steptp.leir.fileformat.Signature` from a record's ``signature`` dict
+    (``{name, tensors: [{name, role, dtype, shape}]}``); ``None`` and a Signature pass through."""
     from ..leir.fileformat import Signature, TensorDecl
 
     if sig is None or isinstance(sig, Signature):
@@ -166,7 +168,7 @@ def parse_answer(text: str, signature=None, check_ir: bool = True) -> list[dict]
     items = data if isinstance(data, list) else [data]
     if not items:
         raise AnswerError("answer list is empty")
-    sig = _signature_of(signature)
+    sig = signature_of(signature)
     out = []
     for i, it in enumerate(items):
         if not isinstance(it, dict):
@@ -208,4 +210,4 @@ def answer_payload(text: str):
 
 
 __all__ = ["AnswerError", "single_messages", "multi_messages", "parse_answer", "answer_payload", "single_prompt",
-           "single_label", "multi_prompt"]
+           "single_label", "multi_prompt", "signature_of"]

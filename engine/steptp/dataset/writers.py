@@ -4,7 +4,8 @@
   so a crash or Ctrl-C loses at most the batch being written. On open, a torn last line
   (no trailing newline) left by a crash is cut off, never parsed as data.
 * :func:`write_jsonl_atomic` writes a derived file (chat sets, report) to a temporary file
-  and renames it over the target, so readers never see a half-written file.
+  and renames it over the target, so readers never see a half-written file;
+  :func:`write_text_atomic` and :func:`write_json_atomic` do the same for a text or JSON file.
 * :func:`read_jsonl` reads a JSONL file, skipping (and counting) a torn last line.
 * :func:`to_parquet` converts a JSONL file to Parquet with pyarrow (optional dependency).
 """
@@ -129,11 +130,18 @@ def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
     return n
 
 
-def write_json_atomic(path: str | Path, obj) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` via ``PATH.tmp`` and an atomic rename, so a reader
+    sees the old file or the new one, never a half-written one. The folder must exist."""
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(p)
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, p)
+
+
+def write_json_atomic(path: str | Path, obj) -> None:
+    """:func:`write_text_atomic` of ``obj`` as indented JSON (non-ASCII kept) and a newline."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def to_parquet(jsonl_path: str | Path, parquet_path: str | Path,
@@ -156,4 +164,5 @@ def to_parquet(jsonl_path: str | Path, parquet_path: str | Path,
     return len(rows)
 
 
-__all__ = ["JsonlAppender", "read_jsonl", "read_jsonl_lines", "write_jsonl_atomic", "write_json_atomic", "to_parquet"]
+__all__ = ["JsonlAppender", "read_jsonl", "read_jsonl_lines", "write_jsonl_atomic", "write_text_atomic",
+           "write_json_atomic", "to_parquet"]

@@ -43,9 +43,6 @@ from __future__ import annotations
 
 import math
 import random
-import signal
-import threading
-from contextlib import contextmanager
 from fractions import Fraction
 from functools import lru_cache
 from typing import Callable
@@ -54,6 +51,7 @@ import sympy as sp
 
 from ..leir import ast as A
 from ..leir.printer import format_expr
+from ..timelimit import time_limit as _time_limit
 
 #: Seconds one sympy call may take before the site is dropped.
 TIME_LIMIT_S = 2.0
@@ -71,26 +69,11 @@ class AlgebraTimeout(AlgebraError):
     """A sympy call ran past :data:`TIME_LIMIT_S`."""
 
 
-@contextmanager
 def time_limit(seconds: float = TIME_LIMIT_S):
     """Raise :class:`AlgebraTimeout` if the block runs longer than ``seconds`` (SIGALRM;
-    only in the main thread - elsewhere the size limit :data:`MAX_NODES` is the bound)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def handler(signum, frame):
-        raise AlgebraTimeout(f"sympy took longer than {seconds:g} s")
-
-    old = signal.signal(signal.SIGALRM, handler)
-    prev = signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-        if prev[0] > 0:  # an outer timer was running: restore what is left of it
-            signal.setitimer(signal.ITIMER_REAL, prev[0])
+    only in the main thread - elsewhere the size limit :data:`MAX_NODES` is the bound).
+    An outer limit keeps its deadline (:func:`steptp.timelimit.time_limit`)."""
+    return _time_limit(seconds, "sympy", lambda: AlgebraTimeout(f"sympy took longer than {seconds:g} s"))
 
 
 # ---------------------------------------------------------------------------

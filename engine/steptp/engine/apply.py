@@ -302,7 +302,8 @@ def apply_rule(rule, module: LeirModule, seed: int = 0, site=None, params: dict 
     """Apply ``rule`` to ``module`` at exactly one site.
 
     Args:
-        rule: a :class:`~steptp.rules.loader.Rule` (or a path to a rule file).
+        rule: a loaded :class:`~steptp.rules.loader.Rule` (``steptp.rules.load_rule(path)``
+            loads a file; the engine sits below the loader and takes no paths).
         module: the program with its signature; the signature is unchanged by the step.
         seed: chooses the site (when ``site`` is None) and the unspecified parameters;
             the same seed gives the same output bit for bit.
@@ -317,6 +318,7 @@ def apply_rule(rule, module: LeirModule, seed: int = 0, site=None, params: dict 
             an admissible parameter.
         ValueError: a given parameter is unknown or outside its domain.
         RewriteError: the rewrite is ill-formed or yields an invalid / unchanged program.
+        TypeError: ``rule`` is a path (``str``, ``bytes`` or path-like), not a loaded rule.
     """
     rule = _as_rule(rule)
     try:

@@ -144,16 +144,12 @@ def _dtype_of(ctx: EvalContext, name) -> str:
     raise ValueExprError(f"unknown tensor {name!r}")
 
 
-_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
-             "u8": 1, "u16": 2, "u32": 4, "u64": 8, "bool": 1}
-
-
 def _tensor_bytes(ctx: EvalContext, name) -> int:
     """Bytes of a whole tensor (signature shape, or the shape inferred by analysis)."""
     info = _analysis(ctx.module)
     if name not in info.shapes:
         raise ValueExprError(f"unknown tensor {name!r}")
-    return math.prod(info.shapes[name]) * _ITEMSIZE[info.dtype(name)]
+    return math.prod(info.shapes[name]) * A.DTYPE_BYTES[info.dtype(name)]
 
 
 def _shared_limit(ctx: EvalContext) -> int:

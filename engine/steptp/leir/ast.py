@@ -39,6 +39,9 @@ DTYPES: dict[str, str] = {
     "u64": "uint64",
     "bool": "bool",
 }
+#: LEIR dtype codes -> bytes per element (``bool`` is stored as one byte).
+DTYPE_BYTES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
+                               "u8": 1, "u16": 2, "u32": 4, "u64": 8, "bool": 1}
 #: LEIR storage-scope codes -> TVM storage scopes.
 SCOPES: dict[str, str] = {"g": "global", "s": "shared", "l": "local"}
 #: Loop kinds: serial, parallel, vectorized, unrolled, bound (thread binding).
@@ -281,7 +284,7 @@ def map_program_exprs(prog: Program, fn) -> Program:
 
 
 __all__ = [
-    "DTYPES", "SCOPES", "LOOP_KINDS", "FUNCTIONS", "BIN_OPS", "CMP_OPS",
+    "DTYPES", "DTYPE_BYTES", "SCOPES", "LOOP_KINDS", "FUNCTIONS", "BIN_OPS", "CMP_OPS",
     "Int", "Float", "Index", "Tensor", "Neg", "BinOp", "Call", "Compare", "BoolOp", "Not",
     "Expr", "Loop", "Assign", "Nest", "Program", "Node",
     "children", "rebuild", "walk", "transform", "substitute_indices", "map_program_exprs",

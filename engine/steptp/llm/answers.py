@@ -37,9 +37,9 @@ class Candidate:
 
 
 def _signature(signature) -> Signature:
-    from ..dataset.chat import _signature_of
+    from ..dataset.chat import signature_of
 
-    return _signature_of(signature)
+    return signature_of(signature)
 
 
 def _module_of(ir: str, sig: Signature) -> LeirModule:

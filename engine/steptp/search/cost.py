@@ -42,8 +42,6 @@ from ..leir.analysis import index_names
 _OP_COST = {"+": 1, "-": 1, "*": 1, "/": 1, "//": 4, "%": 4, "**": 12}
 _CALL_COST = {"exp": 12, "log": 12, "sqrt": 6, "tanh": 14, "erf": 14, "abs": 1, "max": 1, "min": 1,
               "if_then_else": 1}
-_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4,
-                "i64": 8, "u64": 8, "bool": 1}
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,7 @@ def _nest_ns(nest: A.Nest, outer: tuple[A.Loop, ...], tgt: Target) -> float:
 def _eq_ns(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> float:
     n = math.prod(lp.extent for lp in loops) if loops else 1
     inner = loops[-1] if loops else None
-    nbytes = _DTYPE_BYTES.get(eq.target.dtype, 4)
+    nbytes = A.DTYPE_BYTES.get(eq.target.dtype, 4)
     lanes = 1
     if inner is not None and inner.kind == "V" and tgt.kind == "cpu":
         lanes = max(1, min(inner.extent, tgt.vector_bytes // nbytes))
@@ -137,7 +135,7 @@ def _eq_ns(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> float:
     # GB/s = bytes/ns; an equation whose accesses fit in the cache (1 MiB) runs at cache bandwidth
     bw = tgt.cache_gbs if tgt.kind == "cpu" and n * nbytes <= tgt.cache_bytes else tgt.bw_gbs
     for acc in _accesses(eq):
-        b = _DTYPE_BYTES.get(acc.dtype, 4)
+        b = A.DTYPE_BYTES.get(acc.dtype, 4)
         scope_speed = {"g": 1.0, "s": 4.0, "l": 16.0}.get(acc.scope, 1.0)
         if not acc.indices:
             moved = n * b / max(inner.extent, 1) if inner else b

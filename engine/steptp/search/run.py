@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..dataset.writers import write_text_atomic as _write_atomic
 from ..leir import LeirModule, save_leir
 from .algorithms import ALGORITHMS, DEFAULTS, run_algorithm
 from .core import Node, Search, Timer
@@ -205,12 +206,6 @@ def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None):
 
 def _strategy_names(strategy: str | None) -> list[str]:
     return [s for s in (strategy or "").split("+") if s]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: float) -> dict:
