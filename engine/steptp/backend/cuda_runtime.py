@@ -796,13 +796,12 @@ def run_module(built: Built, input_sets: Sequence[Mapping[str, np.ndarray]], mod
 
 
 def time_function(module, device: str, args: Sequence, *, number: int, repeat: int, min_repeat_ms: float = 0.0,
-                  func: str = "main", cache_flush_bytes: int = 0) -> list[float]:
+                  func: str = "main") -> list[float]:
     """TVM ``time_evaluator`` of ``module[func](*args)`` on ``device``: one warm-up call,
     then ``repeat`` measurements, each the mean time of ``number`` consecutive calls, in
     **seconds**; ``min_repeat_ms`` > 0 lets TVM raise ``number`` until one measurement lasts
-    that long. ``cache_flush_bytes`` > 0 (CUDA only): TVM writes that many bytes on the
-    device before each measurement, flushing the L2 cache as Triton's ``do_bench`` does.
-    Source: ``tvm.runtime.Module.time_evaluator`` (apache-tvm 0.27,
+    that long. Caches stay warm (no flush between measurements). Source:
+    ``tvm.runtime.Module.time_evaluator`` (apache-tvm 0.27,
     ``runtime.RPCTimeEvaluator``; notes §4). Raises :class:`ExecError` on a fault."""
     dev = _device(device)
     try:
@@ -810,8 +809,7 @@ def time_function(module, device: str, args: Sequence, *, number: int, repeat: i
             raise ExecError(f"CUDA error: an illegal memory access was encountered (simulated sticky error, first "
                             f"raised by {_SIM_STICKY[0]})")
         feval = _global("runtime.RPCTimeEvaluator")(module, func, dev.dlpack_device_type(), dev.index, int(number),
-                                                    int(repeat), int(min_repeat_ms), 100, 0, 1,
-                                                    int(cache_flush_bytes) if exec_device(device) == "cuda" else 0, "")
+                                                    int(repeat), int(min_repeat_ms), 100, 0, 1, 0, "")
         blob = feval(*args)
     except ExecError:
         raise
