@@ -53,6 +53,10 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                             help="Time every entry's original and transformed program on --device "
                                                  "(median us, performance build) and record timing {original_us, "
                                                  "transformed_us, speedup, device}; stp report tabulates speedups."),
+            negatives: bool = typer.Option(False, "--negatives",
+                                           help="Keep every rejected candidate (negatives.jsonl: both programs, "
+                                                "failing stage, reason) and write preference pairs "
+                                                "(chat_pairs.jsonl for TRL DPO, chat_pairs_swift.jsonl for ms-swift)."),
             device: str = typer.Option("cpu", "--device",
                                        help="Where transformed programs run during verification: cpu or cuda "
                                             "(the GPU form on the GPU; references stay on the CPU).")):
@@ -80,7 +84,7 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         guard_rule(Path(p), lambda p=p: load_rule(p))
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
                    isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device, time=time_steps,
-                   rounds=rounds)
+                   rounds=rounds, negatives=negatives)
     from ..dataset.difficulty import PROFILES, FilterPolicy
     from ..dataset.distributed import RayUnavailable
 

@@ -52,6 +52,8 @@ class Options:
     rounds: int = 1             # rounds of steps (--rounds): round k+1 starts from verified programs of round k
     derived_per_round: int = 4  # derived originals sampled per program and round (rounds > 1)
     time: bool = False          # --time: each entry records original/transformed runtime and speedup
+    negatives: bool = False     # --negatives: a failed candidate's attempt keeps its programs (negatives.jsonl)
+    mutants: int = 2            # --negatives: hard negatives tried per verified step (dataset.mutants)
 
 
 @dataclass
@@ -246,7 +248,7 @@ class _RuleRun:
                               timeout_s=opts.timeout_s, nvcc=opts.nvcc and not defer_nvcc,
                               artifacts=art if opts.with_cuda else None, device=opts.device)
             if not res.equal:
-                self.attempts.append({"rule": rule.id, "outcome": "failed", "reason": res.reason})
+                self.attempts.append(self.failed(res.reason, step, res))
             elif self._disproved(step, res):
                 continue
             elif defer_nvcc and "tir_cuda" in art:
@@ -265,9 +267,53 @@ class _RuleRun:
         self.symbolic[format_program(step.after.program)] = sym
         if sym != "disproved":
             return False
-        self.attempts.append({"rule": self.rule.id, "outcome": "failed",
-                              "reason": "symbolic: disproved (not equal to the original in exact arithmetic)"})
+        self.attempts.append(self.failed("symbolic: disproved (not equal to the original in exact arithmetic)",
+                                         step, res, stage="symbolic"))
         return True
+
+    def mutant_attempts(self, step) -> list[dict]:
+        """With ``--negatives``: up to ``opts.mutants`` hard negatives of a verified step
+        (:func:`steptp.dataset.mutants.mutants` of its transformed program), each verified
+        against the original: ``mutant_failed`` attempts carry the negative; a mutant that
+        passes is ``mutant_passed`` (an equivalent edit or a verifier defect: reported, never a
+        negative)."""
+        from ..verify import verify_pair
+        from .mutants import mutants
+
+        out = []
+        for op, mod in mutants(step.after, self.opts.mutants, self.opts.seed):
+            res = verify_pair(self.module, mod, trials=self.opts.trials, seed=self.opts.seed, runner=_runner(self.opts),
+                              timeout_s=self.opts.timeout_s, gpu_check=False, device=self.opts.device)
+            if res.equal:
+                out.append({"rule": self.rule.id, "outcome": "mutant_passed", "reason": f"{op}: passed verification",
+                            "mutant": {"operator": op, "transformed": format_program(mod.program)}})
+                continue
+            rec = self.failed(res.reason, _Mutant(mod, step.cot), res)
+            rec["outcome"] = "mutant_failed"
+            rec["negative"]["kind"] = "mutant"
+            rec["negative"]["operator"] = op
+            out.append(rec)
+        return out
+
+    def failed(self, reason: str, step, res, stage: str | None = None) -> dict:
+        """The attempt record of a rejected candidate; with ``--negatives`` it keeps what a
+        negative needs: both programs (canonical LEIR), the failing ``stage`` (diff / build /
+        exec / equal / symbolic), the CoT and the largest error."""
+        rec = {"rule": self.rule.id, "outcome": "failed", "reason": reason}
+        if self.opts.negatives:
+            first = next((s for s in ("diff", "build", "exec", "equal") if not getattr(res, s)), "equal")
+            rec["negative"] = {"original": format_program(self.module.program),
+                               "transformed": format_program(step.after.program),
+                               "strategy": self.rule.name, "stage": stage or first,
+                               "max_abs_err": res.to_dict().get("max_abs_err"), "cot": step.cot}
+        return rec
+
+
+class _Mutant:
+    """A mutated step for :meth:`_RuleRun.failed`: its program and the CoT of the step it came from."""
+
+    def __init__(self, after, cot):
+        self.after, self.cot = after, cot
 
 
 def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
@@ -292,7 +338,7 @@ def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
     for (run, (step, res, art, slot)), nv in zip(pending, results):
         if nv.ok is False:
             reason = f"build: {nv.status}: {nv.reason}"
-            run.attempts[slot] = {"rule": run.rule.id, "outcome": "failed", "reason": reason}
+            run.attempts[slot] = run.failed(reason, step, res, stage="build")
         else:
             run.attempts[slot] = {"rule": run.rule.id, "outcome": "equal", "reason": res.reason}
             run.kept.append((step, res, art))
@@ -356,6 +402,8 @@ class _Program:
                                       nvcc_ran, art, run.symbolic.get(format_program(step.after.program)),
                                       self.derived))
         attempts = [a for run in self.runs for a in run.attempts]
+        if opts.negatives and opts.mutants > 0:
+            attempts += [a for run in self.runs for step, _, _ in run.kept for a in run.mutant_attempts(step)]
         if self.derived:
             attempts = [{**a, "derived_from": self.derived["id"], "round": self.derived["round"]} for a in attempts]
         return entries, attempts

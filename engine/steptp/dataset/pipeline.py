@@ -65,6 +65,8 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
         del d["time"]  # run.json as before --time existed
     if d["rounds"] == 1:
         del d["rounds"], d["derived_per_round"]  # one round: run.json as before --rounds existed
+    if not d["negatives"]:
+        del d["negatives"], d["mutants"]  # run.json as before --negatives existed
     d["policy"] = policy.recorded()
     return d
 
@@ -234,6 +236,56 @@ def filtered_sets(entries: list[dict], policy: FilterPolicy) -> tuple[list[dict]
     return singles, multis
 
 
+def negative_records(attempts) -> list[dict]:
+    """``negatives.jsonl`` records from the attempts of a ``--negatives`` run: every rejected
+    candidate with ``original`` and ``transformed`` (canonical LEIR), ``strategy``, ``stage``
+    (diff / build / exec / equal / symbolic), ``reason``, ``max_abs_err``, ``kind``
+    (``rejected``: a candidate the engine proposed; ``mutant``: a hard negative made from a
+    verified step, with its ``operator``), ``source`` and ``key`` of its program. Sorted,
+    deduplicated by text."""
+    out, seen = [], set()
+    for a in attempts:
+        n = a.get("negative")
+        if not n or (n["original"], n["transformed"]) in seen:
+            continue
+        seen.add((n["original"], n["transformed"]))
+        out.append({"original": n["original"], "transformed": n["transformed"], "strategy": n["strategy"],
+                    "rule": a["rule"], "stage": n["stage"], "reason": a["reason"], "max_abs_err": n["max_abs_err"],
+                    "kind": n.get("kind", "rejected"), "operator": n.get("operator"), "cot": n["cot"],
+                    "source": a.get("source"), "key": a.get("key")})
+    return sorted(out, key=lambda r: (r["original"], r["rule"], r["transformed"]))
+
+
+def preference_pairs(chosen: list[dict], negatives: list[dict], seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Preference pairs from the single-answer entries (``chosen``: verified steps) and the
+    negatives of the same original program: each chosen step is paired with one negative of
+    its program (a seeded choice, spread over them). Returns ``(trl, swift)``: TRL's
+    conversational DPO format (``prompt`` / ``chosen`` / ``rejected`` message lists) and
+    ms-swift's (``messages`` with the chosen answer, ``rejected_response``). The prompt is the
+    chat set's single-answer prompt; the rejected answer is written like a chosen one (its CoT,
+    its IR, its strategy), so only the program's correctness tells them apart."""
+    from .chat import single_label
+
+    by_original: dict[str, list[dict]] = defaultdict(list)
+    for n in negatives:
+        by_original[n["original"]].append(n)
+    rng = random.Random(f"pairs:{seed}")
+    trl, swift = [], []
+    for e in chosen:
+        cands = by_original.get(e["original"]["leir"])
+        if not cands:
+            continue
+        neg = cands[rng.randrange(len(cands))]
+        msgs = single_messages(e)["messages"]
+        rejected = single_label(neg["cot"], neg["transformed"], neg["strategy"])
+        meta = {"entry_id": e["id"], "chosen_strategy": e["strategy"]["id"], "rejected_rule": neg["rule"],
+                "rejected_stage": neg["stage"]}
+        trl.append({"prompt": [msgs[0]], "chosen": [msgs[1]], "rejected": [{"role": "assistant", "content": rejected}],
+                    "meta": meta})
+        swift.append({"messages": msgs, "rejected_response": rejected, "meta": meta})
+    return trl, swift
+
+
 def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
     out = Path(outdir)
@@ -244,10 +296,19 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     multis = [multi_messages(g) for g in multi_groups]
     write_jsonl_atomic(out / "chat_single.jsonl", singles)
     write_jsonl_atomic(out / "chat_multi.jsonl", multis)
+    run_file = out / "run.json"
+    negatives = None
+    if run_file.exists() and json.loads(run_file.read_text(encoding="utf-8")).get("negatives"):
+        negatives = negative_records(read_jsonl(out / "attempts.jsonl"))
+        write_jsonl_atomic(out / "negatives.jsonl", negatives)
+        trl, swift = preference_pairs(single_entries, negatives, policy.seed)
+        write_jsonl_atomic(out / "chat_pairs.jsonl", trl)
+        write_jsonl_atomic(out / "chat_pairs_swift.jsonl", swift)
 
     states = list(read_jsonl(out / "state.jsonl"))
     attempts = list(read_jsonl(out / "attempts.jsonl"))
-    tried = Counter(a["rule"] for a in attempts)
+    # hard negatives (--negatives) are not candidates of the rule: they stay out of its pass rate
+    tried = Counter(a["rule"] for a in attempts if not a["outcome"].startswith("mutant"))
     passed = Counter(a["rule"] for a in attempts if a["outcome"] == "equal")
     failed = [s for s in states if s.get("error")]
     internal = sum(1 for s in failed if is_internal_error(s["error"]))
@@ -258,6 +319,13 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
         # programs lost to a crash (an unexpected exception, a failed Ray task) vs. programs that
         # are bad input (unparsable, untranslatable, not equal to PyTorch); rejected candidates
         # of usable programs are neither (attempts.jsonl, candidate_pass_rate)
+        **({"negatives": len(negatives), "negatives_by_stage": dict(Counter(n["stage"] for n in negatives)),
+            "negatives_by_strategy": dict(Counter(n["rule"] for n in negatives)),
+            "negatives_by_kind": dict(Counter(n["kind"] for n in negatives)), "preference_pairs": len(trl),
+            "mutants_tried": sum(1 for a in attempts if a["outcome"].startswith("mutant")),
+            "mutants_passed": [{"rule": a["rule"], **a["mutant"], "source": a.get("source")}
+                               for a in attempts if a["outcome"] == "mutant_passed"]}
+           if negatives is not None else {}),
         "internal_errors": internal,
         "input_errors": len(failed) - internal,
         "entries": len(entries),

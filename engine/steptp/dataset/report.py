@@ -132,7 +132,9 @@ def load_run(outdir: str | Path) -> RunData:
             raise ValueError(f"{out / 'run.json'}: invalid JSON ({e.msg})") from None
     pol = run.get("policy") or {}
     policy = FilterPolicy(**{k: v for k, v in pol.items() if k in FilterPolicy.__dataclass_fields__})
-    data = RunData(out, list(read_jsonl(out / "dictionary.jsonl")), list(read_jsonl(out / "attempts.jsonl")),
+    attempts = [a for a in read_jsonl(out / "attempts.jsonl")
+                if not str(a.get("outcome", "")).startswith("mutant")]  # hard negatives are not candidates
+    data = RunData(out, list(read_jsonl(out / "dictionary.jsonl")), attempts,
                    list(read_jsonl(out / "state.jsonl")), run, policy)
     if not (out / "report.json").exists() or not (out / "chat_single.jsonl").exists():
         data.notes.append("the run did not finish (no derived files): filtered sets recomputed from "
@@ -443,6 +445,34 @@ def speedup_stats(entries: list[dict]) -> dict:
             "by_level": group(lambda e: e["difficulty"]["level"])}
 
 
+def negatives_section(out: Path) -> list[str]:
+    """Markdown lines for a ``--negatives`` run: negatives per kind, failure stage and
+    strategy, preference pairs, and the hard mutants that passed verification (each listed:
+    an equivalent edit or a verifier defect). Empty for other runs."""
+    f = out / "negatives.jsonl"
+    if not f.exists():
+        return []
+    negs = list(read_jsonl(f))
+    rep = {}
+    try:
+        rep = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    by = Counter((n["kind"], n["stage"]) for n in negs)
+    md = ["## Negatives and preference pairs (--negatives)", "",
+          f"{len(negs)} negatives ({', '.join(f'{k}: {v}' for k, v in sorted(Counter(n['kind'] for n in negs).items()))}); "
+          f"{rep.get('preference_pairs', 0)} preference pairs (chat_pairs.jsonl, chat_pairs_swift.jsonl); "
+          f"{rep.get('mutants_tried', 0)} hard mutants tried, {len(rep.get('mutants_passed', []))} passed verification.",
+          "", _table(["kind", "failing stage", "negatives"], [(k, st, v) for (k, st), v in sorted(by.items())]), "",
+          _table(["strategy", "negatives"], sorted(Counter(n["rule"] for n in negs).items())), ""]
+    passed = rep.get("mutants_passed") or []
+    if passed:
+        md += ["Mutants that passed verification (an equivalent edit, or a verifier defect to look at):", "",
+               _table(["strategy", "operator", "source"], [(p["rule"], p["operator"], p.get("source")) for p in passed[:30]]),
+               ""]
+    return md
+
+
 def gpu_section(entries: list[dict]) -> list[str]:
     """Markdown lines of the GPU results merged by ``stp gpu merge`` (``verification_gpu``,
     ``timing_gpu``): Equal on the GPU, CPU-vs-GPU disagreements (each listed: a difference is
@@ -620,6 +650,7 @@ def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path |
     speed = speedup_stats(data.entries)
     md += _speedup_section(speed, out, plots)
     md += gpu_section(data.entries)
+    md += negatives_section(out)
     text = "\n".join(md).rstrip() + "\n"
     (out / "report.md").write_text(text, encoding="utf-8")
 
