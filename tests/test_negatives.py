@@ -83,3 +83,16 @@ def test_without_the_flag_nothing_changes(tmp_path):
     assert not (out / "negatives.jsonl").exists() and not (out / "chat_pairs.jsonl").exists()
     assert "negatives" not in json.loads((out / "run.json").read_text())
     assert all("negative" not in a for a in rows(out / "attempts.jsonl"))
+
+
+def test_trl_reads_the_pairs_as_a_conversational_preference_dataset(run):
+    data_utils = pytest.importorskip("trl.data_utils")
+    from datasets import load_dataset
+
+    ds = load_dataset("json", data_files=str(run / "chat_pairs.jsonl"), split="train")
+    rec = ds[0]
+    assert data_utils.is_conversational(rec)
+    assert data_utils.maybe_extract_prompt(rec)["prompt"] == rec["prompt"]
+    # TRL's own unpairing (to KTO-style rows) accepts the columns
+    unpaired = data_utils.unpair_preference_dataset(ds.remove_columns(["meta"]))
+    assert len(unpaired) == 2 * len(ds) and set(unpaired["label"]) == {True, False}
