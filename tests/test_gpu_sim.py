@@ -229,6 +229,12 @@ def test_pack_run_runtime_only_then_merge(sim, tmp_path):
     # a second run resumes: nothing left to do
     r = run(base, "-S", "-s", "-m", "steptp.gpu.run", pack, "-o", res, "-q", env=ro)
     assert r.returncode == 0 and json.loads((res / "summary.json").read_text())["ran_now"] == 0
+    # an interruption that cut the last line: that entry alone runs again, the file stays clean
+    lines = (res / "results.jsonl").read_text().splitlines(keepends=True)
+    (res / "results.jsonl").write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    r = run(base, "-S", "-s", "-m", "steptp.gpu.run", pack, "-o", res, "-q", env=ro)
+    assert r.returncode == 0 and json.loads((res / "summary.json").read_text())["ran_now"] == 1
+    assert len([json.loads(x) for x in (res / "results.jsonl").read_text().splitlines()]) == n
 
     before = (ds / "dictionary.jsonl").read_text().splitlines()
     r = run(STP, "gpu", "merge", res, ds, env=sim)

@@ -181,6 +181,25 @@ def time_pair(pack: str, okey: str, a: dict, b: dict, rounds: int = 8, min_ms: f
 # ---------------------------------------------------------------------------
 
 
+def _repair_tail(path: Path) -> None:
+    """Drop a last line cut short by an interruption (no newline), so appends start clean."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _records(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
 def _done_ids(path: Path) -> set:
     done = set()
     if path.is_file():
@@ -228,6 +247,7 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
     out = Path(results)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.jsonl"
+    _repair_tail(path)
     done = _done_ids(path)
     todo = [e for e in m["entries"] if e["id"] not in done]
     t0 = time.perf_counter()
@@ -283,7 +303,7 @@ def summarize(path: Path, manifest: dict, *, wall: float = 0.0, ran: int = 0, st
     """Counts over ``results.jsonl``: Exec/Equal, agreement with the CPU verdicts (and the
     disagreeing entries), first-call latency, and with timings the speedup distribution per
     strategy (only entries whose transformed program was Equal on the GPU)."""
-    recs = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    recs = _records(path) if path.is_file() else []
     eq = [r for r in recs if r["transformed"].get("equal")]
     first = [r["transformed"]["first_call_ms"] for r in recs if r["transformed"].get("first_call_ms") is not None]
     dis = [{"id": r["id"], "strategy": r["strategy"], "cpu_equal": r["cpu_equal"],
