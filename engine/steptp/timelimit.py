@@ -4,7 +4,7 @@ Used around the rule engine's work for one candidate (site enumeration, paramete
 domains, application) in ``stp dataset`` and ``stp eval``, so that a pathological
 rule/program pair costs that rule, not the run, and around each sympy call of
 :mod:`steptp.engine.algebra`. The verification itself has its own limit (a worker
-process, see :class:`steptp.backend.build.IsolatedRunner`).
+process, see :class:`steptp.runner.worker.IsolatedRunner`).
 
 Limits nest: an inner limit never outlives an outer one. When the outer deadline comes
 first, the outer limit's handler runs at its deadline inside the inner block; otherwise the

@@ -13,7 +13,7 @@
   every trial), **Equal** (all outputs within tolerance), plus a ``reason`` naming the first
   failure.
 * Execution is in process by default. ``isolated=True`` runs build+run in a ``spawn`` worker
-  process (:class:`steptp.backend.build.IsolatedRunner`) with a time limit ``timeout_s``, so
+  process (:class:`steptp.runner.worker.IsolatedRunner`) with a time limit ``timeout_s``, so
   a hanging or crashing kernel costs one candidate; the dataset path uses that mode.
 
 Input distribution (:func:`random_inputs`), chosen so that sign-dependent code (relu,

@@ -43,7 +43,7 @@ fails too, as after a real illegal address) or hang, so the worker restart is te
 Faults (illegal address, launch failure, missing PTX) raise
 :class:`steptp.backend.errors.ExecError` carrying the CUDA / TVM error text. After an illegal
 memory access the CUDA context is unusable: run GPU work in a worker process
-(:class:`steptp.backend.build.IsolatedRunner`) so that the next call starts afresh.
+(:class:`steptp.runner.worker.IsolatedRunner`) so that the next call starts afresh.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def run_cuda_lowered(module_text: str, input_sets: list, limits: GpuLimits = DEF
     """Export ``module_text`` (LEIR) for CUDA into a temporary directory (PTX shared in
     ``ptx_cache``, default :func:`default_ptx_cache`), run it on the GPU once per input set
     and return ``(outputs per set, CUDA source)``. The unit of work of GPU verification in
-    an :class:`~steptp.backend.build.IsolatedRunner` worker (a CUDA fault kills at most the
+    an :class:`~steptp.runner.worker.IsolatedRunner` worker (a CUDA fault kills at most the
     worker's context). Raises Lowering/Preflight/Build/ExecError."""
     import tempfile  # noqa: PLC0415
 

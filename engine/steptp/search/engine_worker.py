@@ -1,5 +1,5 @@
 """Rule matching and application for :class:`~steptp.search.policies.EnginePolicy` in a
-worker process (:class:`steptp.backend.build.IsolatedRunner`), under a time limit and an
+worker process (:class:`steptp.runner.worker.IsolatedRunner`), under a time limit and an
 address-space limit, so that one rule that explodes on one program (seen: a
 ``cache_read_write`` candidate growing past 9 GB in a minute) costs one candidate, not the
 machine. The worker keeps the loaded rules and the candidate lists per (program, rule).
