@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from steptp.dataset.chat import signature_of
 from steptp.leir.fileformat import LeirModule, parse_leir
 from steptp.verify import verify_pair
 
@@ -38,9 +39,7 @@ def test_negatives_are_labelled_and_really_fail(run):
     sig = {e["original"]["leir"]: e["signature"] for e in rows(run / "dictionary.jsonl")}
     # every negative fails verification (re-checked here, independently of the run)
     for n in negs[:: max(1, len(negs) // 8)]:
-        s = sig[n["original"]]
-        head = f"% program: {s['name']}\n" + "".join(
-            f"% {t['role']} {t['name']}: {t['dtype']}[{','.join(map(str, t['shape']))}]\n" for t in s["tensors"])
+        head = signature_of(sig[n["original"]]).header() + "\n"
         orig = parse_leir(head + n["original"])
         try:
             cand = LeirModule(orig.signature, parse_leir(head + n["transformed"]).program)

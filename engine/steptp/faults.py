@@ -18,6 +18,17 @@ import os
 
 ENV = "STP_FAULT_INJECT"
 
+#: Prefix of the error of a program or sample lost to an unexpected crash (not bad input, not
+#: a failed answer): ``stp dataset``, ``eval`` and ``search`` count these as internal errors and
+#: exit 1 when every program failed so.
+INTERNAL_ERROR = "internal error: "
+
+
+def is_internal_error(error: str | None) -> bool:
+    """Whether a recorded error (``ProgramResult.error``, a state line's or a sample's) is an
+    internal one (an unexpected crash, a failed Ray task) rather than bad input."""
+    return isinstance(error, str) and error.startswith(INTERNAL_ERROR)
+
 
 def inject(program: object) -> None:
     """Raise ``RuntimeError("injected internal fault")`` when ``STP_FAULT_INJECT`` asks for
@@ -30,4 +41,4 @@ def inject(program: object) -> None:
         raise RuntimeError(f"injected internal fault ({ENV}={spec})")
 
 
-__all__ = ["ENV", "inject"]
+__all__ = ["ENV", "INTERNAL_ERROR", "inject", "is_internal_error"]

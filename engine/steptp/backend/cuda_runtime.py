@@ -53,6 +53,7 @@ import glob
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import struct
@@ -220,8 +221,8 @@ def compute_capability(index: int = 0) -> tuple[int, int] | None:
     (``cuDeviceGetAttribute``: COMPUTE_CAPABILITY_MAJOR = 75, MINOR = 76), or None without a
     driver or device. With the simulated device: parsed from ``STP_CUDA_SIM_ARCH``."""
     if simulated():
-        digits = os.environ.get(SIM_ARCH_ENV, "sm_90").removeprefix("sm_").rstrip("a")
-        return (int(digits[:-1]), int(digits[-1])) if digits.isdigit() and len(digits) >= 2 else None
+        level = arch_level(os.environ.get(SIM_ARCH_ENV, "sm_90"))
+        return None if level is None else divmod(level, 10)
     try:
         lib = ctypes.CDLL(LIBCUDA_SONAME)
         if lib.cuInit(0) != 0:
@@ -237,6 +238,13 @@ def compute_capability(index: int = 0) -> tuple[int, int] | None:
         return int(major.value), int(minor.value)
     except OSError:
         return None
+
+
+def arch_level(arch: str) -> int | None:
+    """Compute capability of an ``sm_XY`` (or ``sm_XYa``) name as ``10*X + Y`` (``sm_90a`` ->
+    90), or None when it is not one."""
+    digits = arch.removeprefix("sm_").rstrip("a")
+    return int(digits) if arch.startswith("sm_") and digits.isdigit() and len(digits) >= 2 else None
 
 
 def device_arch(index: int = 0) -> str | None:
@@ -279,17 +287,29 @@ def cuda_available(need_nvcc: bool = True, lib_dir: str | os.PathLike | None = N
     compiles the kernels' CUDA C to PTX. Loads nothing into TVM; cheap (no import of
     ``tvm``). With the simulated device (``STP_CUDA_SIM=1``) only the compiler and TVM's
     runtime are required."""
-    if simulated():
-        if tvm_lib_dir(lib_dir) is None:
-            return f"no TVM runtime ({TVM_RUNTIME_LIB} not found; set STP_TVM_LIB_DIR)"
-        if need_nvcc and cuda_compiler() is None:
-            return "no CUDA compiler (no nvcc on PATH and no NVRTC from cuda-bindings)"
-        cc = compute_capability()
-        if cc is None:
-            return f"simulated CUDA device: bad {SIM_ARCH_ENV} (expected sm_XY)"
-        if cc[0] * 10 + cc[1] < MIN_ARCH:
-            return f"CUDA device of compute capability {cc[0]}.{cc[1]}: CUDA 13 compiles for 7.5 and newer only"
-        return None
+    why = _sim_problem(lib_dir) if simulated() else _driver_problem(lib_dir)
+    if why:
+        return why
+    cc = compute_capability()
+    if cc is not None and cc[0] * 10 + cc[1] < MIN_ARCH:
+        return f"CUDA device of compute capability {cc[0]}.{cc[1]}: CUDA 13 compiles for 7.5 and newer only"
+    if need_nvcc and cuda_compiler() is None:
+        return "no CUDA compiler (no nvcc on PATH and no NVRTC from cuda-bindings) to compile the kernels' CUDA C"
+    return None
+
+
+def _sim_problem(lib_dir) -> str | None:
+    """What the simulated device lacks: TVM's runtime, or a valid ``STP_CUDA_SIM_ARCH``."""
+    if tvm_lib_dir(lib_dir) is None:
+        return f"no TVM runtime ({TVM_RUNTIME_LIB} not found; set STP_TVM_LIB_DIR)"
+    if compute_capability() is None:
+        return f"simulated CUDA device: bad {SIM_ARCH_ENV} (expected sm_XY)"
+    return None
+
+
+def _driver_problem(lib_dir) -> str | None:
+    """What a real CUDA device lacks: driver, runtime, TVM's runtimes, a device, a new
+    enough driver."""
     if find_libcuda() is None:
         return f"no CUDA driver ({LIBCUDA_SONAME} not found)"
     if find_cudart() is None:
@@ -306,11 +326,6 @@ def cuda_available(need_nvcc: bool = True, lib_dir: str | os.PathLike | None = N
     if drv is not None and drv < 13000:
         return (f"the NVIDIA driver supports CUDA {drv // 1000}.{drv % 1000 // 10}, older than the CUDA 13.0 runtime "
                 "TVM's CUDA runtime needs (update the driver)")
-    cc = compute_capability()
-    if cc is not None and cc[0] * 10 + cc[1] < MIN_ARCH:
-        return f"CUDA device of compute capability {cc[0]}.{cc[1]}: CUDA 13 compiles for 7.5 and newer only"
-    if need_nvcc and cuda_compiler() is None:
-        return "no CUDA compiler (no nvcc on PATH and no NVRTC from cuda-bindings) to compile the kernels' CUDA C"
     return None
 
 
@@ -818,8 +833,36 @@ def time_function(module, device: str, args: Sequence, *, number: int, repeat: i
     return list(struct.unpack("@" + "d" * int(repeat), bytes(blob)))
 
 
+
+def time_interleaved(a: tuple, b: tuple, device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
+                     max_number: int = 1_000_000) -> tuple[list[float], list[float], int]:
+    """Interleaved timing of two loaded functions on ``device``: ``a`` and ``b`` are
+    ``(module, func name, args)``. ``warmup`` calls of each, then ``number`` calibrated so that
+    one measurement of the faster lasts ``min_repeat_ms`` (1 when 0; at most ``max_number``),
+    then ``rounds`` rounds of one :func:`time_function` measurement of each, in the order
+    A B, B A, A B ... (drift hits both alike). Returns (seconds per call of A per round, of B
+    per round, number). The one timing loop of ``stp time`` / ``dataset --time`` / search
+    (:func:`steptp.runner.timing.compare`) and of GPU packs (:mod:`steptp.gpu.run`). Raises
+    :class:`ExecError` on a fault."""
+    try:
+        for mod, func, args in (a, b):
+            for _ in range(warmup):
+                mod[func](*args)
+        sync(device)
+    except Exception as e:  # noqa: BLE001
+        raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
+    probe = min(min(time_function(mod, device, args, number=1, repeat=3, func=func)) for mod, func, args in (a, b))
+    number = min(max_number, max(1, math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9)))) if min_repeat_ms else 1
+    ta: list[float] = []
+    tb: list[float] = []
+    for r in range(rounds):
+        order = ((a, ta), (b, tb))
+        for (mod, func, args), acc in (order if r % 2 == 0 else order[::-1]):
+            acc.append(time_function(mod, device, args, number=number, repeat=1, func=func)[0])
+    return ta, tb, number
+
 __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",
            "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
-           "device_arch", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
-           "register_ptx_cache", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
+           "device_arch", "arch_level", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
+           "register_ptx_cache", "time_interleaved", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
            "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]

@@ -27,14 +27,13 @@ def pack(inputs: List[Path] = typer.Argument(..., help="Dataset directories (dic
     batched libraries with their PTX, store the CPU references, input seeds and digests, copy TVM's
     runtime libraries and the runtime-only runner: a directory `python -m steptp.gpu.run` runs on a
     GPU node with only numpy and apache-tvm-ffi."""
-    import re
-
     from tqdm import tqdm
 
+    from ..backend.cuda_runtime import arch_level
     from ..backend.errors import BuildError
     from ..gpu.pack import PackError, build_pack
 
-    if not re.fullmatch(r"sm_\d{2,3}a?", arch):
+    if arch_level(arch) is None:
         fail(f"--arch {arch}: expected sm_XY (e.g. sm_90)")
     for p in inputs:
         if not p.exists():

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from ..leir.fileformat import LeirModule
 from ..leir.printer import format_program
+from ..faults import INTERNAL_ERROR, is_internal_error  # noqa: F401  (re-exported for the dataset modules)
 from ..programs import Source, load
 
 
@@ -497,17 +498,6 @@ def process_batch(srcs: list[Source], opts: Options) -> list[ProgramResult]:
 def process(src: Source, opts: Options) -> ProgramResult:
     """:func:`process_batch` of one program."""
     return process_batch([src], opts)[0]
-
-
-#: Prefix of :attr:`ProgramResult.error` for a program lost to an unexpected crash (not bad
-#: input): ``stp dataset`` counts these as ``internal_errors`` and exits 1 when all are.
-INTERNAL_ERROR = "internal error: "
-
-
-def is_internal_error(error: str | None) -> bool:
-    """Whether a program error (``ProgramResult.error``, ``state.jsonl`` ``error``) is an
-    internal one (an unexpected crash, a failed Ray task) rather than bad input."""
-    return isinstance(error, str) and error.startswith(INTERNAL_ERROR)
 
 
 def process_safe(src: Source, opts: Options) -> ProgramResult:

@@ -37,15 +37,12 @@ from pathlib import Path
 
 from ..leir.printer import format_program
 from .metrics import STAGES, mean_pass_at_k
+from ..faults import INTERNAL_ERROR
 from .policies import Answer, Case, Policy
 
 
 class EvalError(RuntimeError):
     """Bad input or output directory (exit 2 in the CLI)."""
-
-
-#: Reason prefix of a sample lost to an unexpected exception (its record's ``error`` is ``internal``).
-INTERNAL_ERROR = "internal error: "
 
 
 @dataclass

@@ -47,10 +47,10 @@ class PackError(ValueError):
 
 
 def _module_text(signature: dict, program: str) -> str:
-    head = [f"% program: {signature['name']}"]
-    for t in signature["tensors"]:
-        head.append(f"% {t['role']} {t['name']}: {t['dtype']}[{','.join(str(int(s)) for s in t['shape'])}]")
-    return "\n".join(head) + "\n" + program.strip() + "\n"
+    """The ``.leir`` text of a dataset entry's program: its signature dict as the header."""
+    from ..dataset.chat import signature_of  # noqa: PLC0415
+
+    return signature_of(signature).header() + "\n" + program.strip() + "\n"
 
 
 def collect(inputs: Sequence[str | os.PathLike]) -> list[dict]:

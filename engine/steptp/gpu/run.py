@@ -153,23 +153,9 @@ def time_pair(pack: str, okey: str, a: dict, b: dict, rounds: int = 8, min_ms: f
     fa, ma = _load(pack, a)
     fb, mb = _load(pack, b)
     dev = fa.device
-    args_a = cr.device_args(fa.params, dev, sets[0])
-    args_b = cr.device_args(fb.params, dev, sets[0])
-    try:
-        for _ in range(3):
-            ma[fa.func](*args_a)
-            mb[fb.func](*args_b)
-        cr.sync(dev)
-    except Exception as e:  # noqa: BLE001
-        raise ExecError(f"warm-up failed on {dev}: {cr._short(e)}") from None
-    probe = min(min(cr.time_function(ma, dev, args_a, number=1, repeat=3, func=fa.func)),
-                min(cr.time_function(mb, dev, args_b, number=1, repeat=3, func=fb.func)))
-    number = int(min(100_000, max(1, math.ceil(min_ms * 1e-3 / max(probe, 1e-9)))))
-    ta, tb = [], []
-    for r in range(rounds):
-        order = ((ma, fa, args_a, ta), (mb, fb, args_b, tb))
-        for m, f, args, acc in (order if r % 2 == 0 else order[::-1]):
-            acc.append(cr.time_function(m, dev, args, number=number, repeat=1, func=f.func)[0])
+    ta, tb, number = cr.time_interleaved((ma, fa.func, cr.device_args(fa.params, dev, sets[0])),
+                                         (mb, fb.func, cr.device_args(fb.params, dev, sets[0])), dev,
+                                         rounds=rounds, warmup=3, min_repeat_ms=min_ms, max_number=100_000)
     st = paired_speedup(ta, tb)
     return {"original_us": st["a_median"] * 1e6, "transformed_us": st["b_median"] * 1e6, "speedup": st["speedup"],
             "ci": st["ci"], "verdict": st["verdict"], "number": number, "rounds": rounds,
@@ -235,11 +221,7 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
         raise PackRunError(f"cannot run the pack here: {why}")
     arch = cr.device_arch()
     if arch and m["arch"] != arch:
-        def cc(a: str) -> int:
-            digits = a.removeprefix("sm_").rstrip("a")
-            return int(digits) if digits.isdigit() else 0
-
-        if cc(arch) < cc(m["arch"]):
+        if (cr.arch_level(arch) or 0) < (cr.arch_level(m["arch"]) or 0):
             raise PackRunError(f"the pack was built for {m['arch']} and this GPU is {arch}: PTX runs only on its "
                                f"own architecture or newer (stp gpu pack ... --arch {arch})")
         print(f"note: the pack was built for {m['arch']}, this GPU is {arch}: the driver JIT-compiles its PTX",

@@ -363,43 +363,25 @@ def compare_here(text_a: str, text_b: str, device: str, limits, rounds: int, war
     round, of B per round, number)."""
     import tempfile  # noqa: PLC0415
 
-    from ..backend.cuda_runtime import _short, device_args, load_built, sync, time_function  # noqa: PLC0415
-    from ..backend.errors import ExecError  # noqa: PLC0415
+    from ..backend.cuda_runtime import device_args, load_built, time_interleaved  # noqa: PLC0415
     from ..leir import parse_leir  # noqa: PLC0415
 
     a, b = parse_leir(text_a), parse_leir(text_b)
     inputs = _inputs(a, seed)
     with tempfile.TemporaryDirectory(prefix="stp-compare-") as tmp:
-        mods = []
+        fns = []
         for k, m in enumerate((a, b)):
             if device == "cpu":
                 from ..backend.perf import build_perf_cpu  # noqa: PLC0415
 
-                mod = build_perf_cpu(m).executable.mod
-                args = device_args(_params(m), "cpu", inputs)
+                fns.append((build_perf_cpu(m).executable.mod, "main", device_args(_params(m), "cpu", inputs)))
             else:
                 from ..backend.perf import export_cuda_cached  # noqa: PLC0415
 
                 built, _ = export_cuda_cached(m, f"{tmp}/{k}", limits=limits)
-                mod = load_built(built)
-                args = device_args(built.params, "cuda", inputs)
-            mods.append((mod, args))
-        try:
-            for mod, args in mods:
-                for _ in range(warmup):
-                    mod["main"](*args)
-            sync(device)
-        except Exception as e:  # noqa: BLE001
-            raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
-        probe = min(min(time_function(mod, device, args, number=1, repeat=3)) for mod, args in mods)
-        number = min(MAX_NUMBER, max(1, math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9)))) if min_repeat_ms else 1
-        ta: list[float] = []
-        tb: list[float] = []
-        for r in range(rounds):
-            order = ((mods[0], ta), (mods[1], tb))
-            for (mod, args), acc in (order if r % 2 == 0 else order[::-1]):
-                acc.append(time_function(mod, device, args, number=number, repeat=1)[0])
-    return ta, tb, number
+                fns.append((load_built(built), built.func, device_args(built.params, "cuda", inputs)))
+        return time_interleaved(fns[0], fns[1], device, rounds=rounds, warmup=warmup, min_repeat_ms=min_repeat_ms,
+                                max_number=MAX_NUMBER)
 
 
 def _cuda_runner():
