@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -194,17 +193,17 @@ class _RuleRun:
 
     def __init__(self, rule, module: LeirModule, src: Source, opts: Options, key: str | None = None):
         from ..engine import NoMatch, list_candidates
-        from ..timelimit import time_limit
+        from ..engine.service import bounded, seeded_rng
 
         self.rule, self.module, self.opts = rule, module, opts
-        self.rng = random.Random(f"{opts.seed}:{key or src.key}:{rule.id}")
+        self.rng = seeded_rng(opts.seed, key or src.key, rule.id)
         self.attempts: list[dict] = []
         self.kept: list[tuple] = []       # (step, VerifyResult, artifacts), in candidate order
         self.pending: list[tuple] = []    # passed everything but the batched nvcc
         self.cands: list = []
         try:
-            with time_limit(opts.timeout_s if opts.isolated else 0, f"rule {rule.id}: site enumeration"):
-                self.cands = list_candidates(rule, module)
+            self.cands = bounded(list_candidates, rule, module, time_s=opts.timeout_s if opts.isolated else 0,
+                                 what=f"rule {rule.id}: site enumeration")
         except NoMatch:
             pass
         except Exception as e:  # noqa: BLE001 - a rule that crashes on one program costs that rule only
@@ -220,7 +219,7 @@ class _RuleRun:
     def advance(self, defer_nvcc: bool) -> bool:
         """Verify further candidates until enough are kept or pending; False if none was tried."""
         from ..engine import apply_rule
-        from ..timelimit import time_limit
+        from ..engine.service import bounded
         from ..verify import verify_pair
 
         opts, rule = self.opts, self.rule
@@ -231,8 +230,8 @@ class _RuleRun:
             site, params = self.cands[self.order[self.pos]]
             self.pos += 1
             try:
-                with time_limit(opts.timeout_s if opts.isolated else 0, f"rule {rule.id}: application"):
-                    step = apply_rule(rule, self.module, seed=self.rng.randrange(2**31), site=site, params=params)
+                step = bounded(apply_rule, rule, self.module, seed=self.rng.randrange(2**31), site=site, params=params,
+                               time_s=opts.timeout_s if opts.isolated else 0, what=f"rule {rule.id}: application")
             except Exception as e:  # noqa: BLE001
                 self.tries += 1
                 self.attempts.append({"rule": rule.id, "outcome": "apply_error", "reason": f"{type(e).__name__}: {e}"})
@@ -438,7 +437,9 @@ def _choose_derived(units: list[_Program], opts: Options, key: str, round_no: in
                 seen.add(text)
                 pool.append((item[0], u, item))
     pool.sort(key=lambda x: x[0])
-    rng = random.Random(f"{opts.seed}:{key}:round{round_no}")
+    from ..engine.service import seeded_rng
+
+    rng = seeded_rng(opts.seed, key, f"round{round_no}")
     n = max(0, opts.derived_per_round)
     chosen = pool if n >= len(pool) else sorted(rng.sample(pool, n), key=lambda x: x[0])
     return [(u, item) for _, u, item in chosen]

@@ -6,8 +6,9 @@ Flow (paper §3.2 "decompose-modify-reassemble"; egglog-notes, recommended archi
    preconditions).
 2. Parameters are enumerated in Python from their domains (``params:``), in YAML order;
    a domain may use the site's bindings, earlier parameters and ``let:`` values.
-3. The chosen site and parameters are drawn with ``random.Random`` seeded from
-   ``(rule id, seed)`` - the same seed gives the same step, bit for bit.
+3. The chosen site and parameters are drawn with the package's seeded generator
+   (:func:`steptp.engine.service.seeded_rng` of ``("stp", rule id, seed)``) - the same seed
+   gives the same step, bit for bit.
 4. Fresh names are drawn (never colliding with any program or signature name), the
    ``rewrite:`` primitives run in order, and the result is checked: it must differ from
    the input, re-parse to itself, and pass :func:`steptp.leir.analysis.analyze` with the
@@ -17,7 +18,6 @@ Flow (paper §3.2 "decompose-modify-reassemble"; egglog-notes, recommended archi
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from ..leir.printer import format_program
 from . import patterns as P
 from .filters import EXTRA_DOMAINS, check_filters, passes_filters, rule_filters
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
+from .service import seeded_rng
 from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
                          eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
                          parse_template, parse_value, program_names, run_primitive, split_as, split_when,
@@ -117,8 +118,7 @@ class Step:
 
 
 def _rng(rule_id: str, seed: int) -> random.Random:
-    h = hashlib.sha256(f"stp:{rule_id}:{seed}".encode()).digest()
-    return random.Random(int.from_bytes(h[:8], "big"))
+    return seeded_rng("stp", rule_id, seed)
 
 
 def _as_rule(rule):

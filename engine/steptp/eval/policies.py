@@ -1,11 +1,13 @@
 """Where the answers of ``stp eval`` come from: a model behind an OpenAI-compatible
 endpoint, a JSONL file of answers, or a baseline policy (``engine``: one random matching
-rule, seeded; ``identity``: the input program unchanged, so Diff fails)."""
+rule, seeded; ``identity``: the input program unchanged, so Diff fails).
+
+The first three are the policies of :mod:`steptp.policy` (``LLMPolicy``, ``ReplayPolicy``,
+``EnginePolicy``, shared with ``stp search``) behind :class:`ProposalAnswers`, the thin
+adapter that renders a proposal as an answer text."""
 
 from __future__ import annotations
 
-import hashlib
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,16 +53,72 @@ class Policy:
         """Raise :class:`steptp.llm.EndpointError` when the policy cannot answer at all."""
 
     def answers(self, case: Case, n: int, first_sample: int = 0) -> list[Answer]:
+        """``n`` answers for samples ``first_sample ..`` of ``case``."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the policy holds (a worker process)."""
 
-class EndpointPolicy(Policy):
-    """A model behind an OpenAI-compatible endpoint (:class:`steptp.llm.ChatClient`)."""
+
+class ProposalAnswers(Policy):
+    """The adapter from a :mod:`steptp.policy` policy (``propose(program, history, k)``) to
+    eval answers: the case is the program, with no history. ``per_sample``: ask once per
+    sample with ``draw=(...)`` (:meth:`draw`; seeded or recorded policies) rather than once
+    for all ``n`` (a model). A proposal becomes an :class:`Answer` by :meth:`answer`: its raw
+    answer text, or the dataset's single-answer label (:func:`steptp.llm.single_label`) of
+    its program and CoT; a sample without a proposal gets :meth:`missing`."""
+
+    per_sample = True
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def draw(self, case: Case, sample: int) -> tuple:
+        """The ``draw`` key of one sample."""
+        return (sample,)
+
+    def answer(self, p) -> Answer:
+        """The answer of one proposal."""
+        if p.error is not None:
+            return Answer("", error=p.error)
+        if p.answer is not None:
+            return Answer(p.answer, p.info.get("prompt_tokens"), p.info.get("completion_tokens"),
+                          p.info.get("finish_reason"))
+        from ..llm import single_label
+
+        return Answer(single_label(p.cot, p.module, p.strategy), extra=dict(p.info))
+
+    def missing(self, case: Case, sample: int) -> Answer:
+        """The answer of a sample the policy proposed nothing for."""
+        return Answer("", error=f"{self.name}: no proposal for sample {sample}")
+
+    def answers(self, case: Case, n: int, first_sample: int = 0) -> list[Answer]:
+        if not self.per_sample:
+            return [self.answer(p) for p in self.policy.propose(case, [], n)[:n]]
+        out = []
+        for k in range(first_sample, first_sample + n):
+            props = self.policy.propose(case, [], 1, draw=self.draw(case, k))
+            out.append(self.answer(props[0]) if props else self.missing(case, k))
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            close()
+
+
+class EndpointPolicy(ProposalAnswers):
+    """A model behind an OpenAI-compatible endpoint (:class:`steptp.llm.ChatClient`), asked
+    with the single-answer prompt (:class:`steptp.policy.LLMPolicy`, ``prompt="single"``)."""
 
     name = "endpoint"
     threaded = True
+    per_sample = False
 
     def __init__(self, client, temperature: float = 0.0, max_tokens: int | None = None, seed: int | None = None):
+        from ..policy import LLMPolicy
+
+        super().__init__(LLMPolicy(client, prompt="single", temperature=temperature, max_tokens=max_tokens, seed=seed))
         self.client, self.temperature, self.max_tokens, self.seed = client, temperature, max_tokens, seed
 
     def describe(self) -> dict:
@@ -70,120 +128,58 @@ class EndpointPolicy(Policy):
     def check(self) -> None:
         self.client.check()
 
-    def answers(self, case: Case, n: int, first_sample: int = 0) -> list[Answer]:
-        from ..llm import RequestError, user_messages
 
-        try:
-            comps = self.client.complete(user_messages(case.prompt), n=n, temperature=self.temperature,
-                                         max_tokens=self.max_tokens, seed=self.seed)
-        except RequestError as e:
-            return [Answer("", error=f"request: {e}") for _ in range(n)]
-        return [Answer(c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason) for c in comps]
-
-
-class AnswersFilePolicy(Policy):
-    """Answers read from a JSONL file: one object per answer with ``answer`` (the model
-    output text) and either ``case`` (the case id, as in results.jsonl), ``source`` (the
-    input path), ``program`` (the program name) or ``prompt`` (the exact prompt); optional
-    ``sample`` (0-based). A case without an answer fails with that reason."""
+class AnswersFilePolicy(ProposalAnswers):
+    """Answers read from a JSONL file (:class:`steptp.policy.ReplayPolicy`): one object per
+    answer with ``answer`` (the model output text) and either ``case`` (the case id, as in
+    results.jsonl), ``source`` (the input path), ``program`` (the program name) or ``prompt``
+    (the exact prompt); optional ``sample`` (0-based). A case without an answer fails with
+    that reason. Raises :class:`steptp.policy.ReplayError` (a ``ValueError``) for a file or
+    line that cannot be read."""
 
     name = "answers"
 
     def __init__(self, path: str | Path):
-        from ..dataset.writers import read_jsonl_lines
+        from ..policy import ReplayPolicy
 
+        super().__init__(ReplayPolicy(path))
         self.path = Path(path)
-        self.table: dict[tuple[str, str], dict[int, str]] = {}
-        if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path}: no such answers file")
-        for lineno, rec in read_jsonl_lines(self.path):
-            if not isinstance(rec, dict) or not isinstance(rec.get("answer"), str):
-                raise ValueError(f"{self.path}:{lineno}: expected an object with a string 'answer'")
-            keys = [(k, str(rec[k])) for k in ("case", "source", "program") if k in rec]
-            if isinstance(rec.get("prompt"), str):
-                keys.append(("prompt", _sha(rec["prompt"])))
-            if not keys:
-                raise ValueError(f"{self.path}:{lineno}: names no case (case, source, program or prompt)")
-            for key in keys:
-                slot = self.table.setdefault(key, {})
-                sample = rec.get("sample")
-                slot[sample if isinstance(sample, int) and sample >= 0 else len(slot)] = rec["answer"]
 
     def describe(self) -> dict:
         return {"policy": self.name, "answers": str(self.path)}
 
-    def answers(self, case: Case, n: int, first_sample: int = 0) -> list[Answer]:
-        slot = None
-        for key in (("case", case.id), ("source", case.source), ("prompt", _sha(case.prompt)),
-                    ("program", case.program)):
-            slot = self.table.get(key)
-            if slot:
-                break
-        out = []
-        for k in range(first_sample, first_sample + n):
-            text = (slot or {}).get(k)
-            out.append(Answer(text) if text is not None else
-                       Answer("", error=f"no answer for sample {k} of this case in {self.path.name}"))
-        return out
+    def missing(self, case: Case, sample: int) -> Answer:
+        return Answer("", error=f"no answer for sample {sample} of this case in {self.path.name}")
 
 
-class EnginePolicy(Policy):
+class EnginePolicy(ProposalAnswers):
     """Baseline: one rule drawn at random among those that match the program, applied at a
-    seeded site with seeded parameters (:func:`steptp.engine.apply_rule`), answered in the
-    dataset's label format with the rule's CoT. Seeded by ``(seed, case id, sample)``."""
+    seeded site with seeded parameters, answered in the dataset's label format with the
+    rule's CoT (:class:`steptp.policy.EnginePolicy`, ``pick="rule"``: a worker process with
+    ``time_s`` seconds per application and a memory limit). Seeded by ``(seed, case id,
+    sample)``."""
 
     name = "engine"
 
     def __init__(self, seed: int = 0, rules=None, time_s: float = 10.0):
-        if rules is None:
-            from ..rules import load_rules
+        from ..policy import EnginePolicy as Engine
 
-            rules = load_rules()
-        self.rules, self.seed, self.time_s = list(rules), seed, time_s
-        self._matching: dict[str, list] = {}
+        super().__init__(Engine(rules, pick="rule", seed=seed, apply_timeout_s=time_s))
+        self.seed, self.time_s = seed, time_s
 
     def describe(self) -> dict:
         return {"policy": self.name, "seed": self.seed}
 
-    def _rules_for(self, case: Case) -> list:
-        from ..engine import NoMatch, list_candidates
-        from ..timelimit import WorkTimeout, time_limit
+    def draw(self, case: Case, sample: int) -> tuple:
+        return (case.id, sample)
 
-        if case.id not in self._matching:
-            ok = []
-            for r in self.rules:
-                try:
-                    with time_limit(self.time_s, f"rule {r.id}: matching"):
-                        if list_candidates(r, case.module):
-                            ok.append(r)
-                except (NoMatch, WorkTimeout):
-                    continue
-                except Exception:  # noqa: BLE001 - a rule that crashes on this program is not offered
-                    continue
-            self._matching = {case.id: ok}  # one program at a time
-        return self._matching[case.id]
-
-    def answers(self, case: Case, n: int, first_sample: int = 0) -> list[Answer]:
-        from ..engine import apply_rule
+    def answer(self, p) -> Answer:
         from ..llm import single_label
-        from ..timelimit import time_limit
 
-        out = []
-        for k in range(first_sample, first_sample + n):
-            rng = random.Random(f"{self.seed}:{case.id}:{k}")
-            pool = list(self._rules_for(case))
-            rng.shuffle(pool)
-            ans = None
-            for rule in pool[:8]:
-                try:
-                    with time_limit(self.time_s, f"rule {rule.id}: application"):
-                        step = apply_rule(rule, case.module, seed=rng.randrange(2**31))
-                except Exception:  # noqa: BLE001 - try the next rule
-                    continue
-                ans = Answer(single_label(step.cot, step.after, rule.name), extra={"rule": rule.id})
-                break
-            out.append(ans or Answer("", error="engine: no rule applies to this program"))
-        return out
+        return Answer(single_label(p.cot, p.module, self.policy.rule_name(p.strategy)), extra={"rule": p.strategy})
+
+    def missing(self, case: Case, sample: int) -> Answer:
+        return Answer("", error="engine: no rule applies to this program")
 
 
 class IdentityPolicy(Policy):
@@ -198,8 +194,4 @@ class IdentityPolicy(Policy):
         return [Answer(text) for _ in range(n)]
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-__all__ = ["Case", "Answer", "Policy", "EndpointPolicy", "AnswersFilePolicy", "EnginePolicy", "IdentityPolicy"]
+__all__ = ["Case", "Answer", "Policy", "ProposalAnswers", "EndpointPolicy", "AnswersFilePolicy", "EnginePolicy", "IdentityPolicy"]

@@ -4,37 +4,36 @@ For a program, every rule's candidates (sites x parameters,
 :func:`steptp.engine.list_candidates`) are applied (:func:`steptp.engine.apply_rule`) and
 the canonical LEIR text of each result (:func:`steptp.leir.printer.format_program`) is
 remembered. An answer is *recognised* as rule R when its canonical text equals one of R's
-results. The work is bounded (``max_candidates`` per rule, ``time_s`` per program, checked
-between candidates; a rule that raises costs only that rule) and cached per program text,
-so many samples of one program pay once.
+results. The work runs in the engine service (:class:`steptp.engine.service.EngineService`:
+a worker process with a time and a memory limit) and is bounded (``max_candidates`` per
+rule, ``time_s`` per program, ``rule_time_s`` per rule, checked between candidates; a rule
+that raises or exceeds a limit costs only that rule) and cached per program text, so many
+samples of one program pay once.
 """
 
 from __future__ import annotations
 
-import random
-import re
 import time
 from collections import OrderedDict
 
 from ..leir.fileformat import LeirModule
-from ..leir.printer import format_program
-
-
-def _norm(s: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", s.lower()).strip("_")
 
 
 class Recognizer:
     """Recognise the rule(s) behind a transformed program; see the module docstring.
 
     ``rules``: loaded rules (default: :func:`steptp.rules.load_rules`); ``max_candidates``:
-    candidates applied per rule and program (a seeded sample when there are more);
-    ``time_s``: wall-clock budget per program and ``rule_time_s`` per rule (seconds; enforced
-    in the main thread only, see :func:`steptp.timelimit.time_limit`); ``cache_size``:
-    programs kept."""
+    candidates applied per rule and program (a sample drawn with
+    ``seeded_rng(seed, rule id)`` when there are more); ``time_s``: wall-clock budget per
+    program and ``rule_time_s`` per rule (seconds); ``cache_size``: programs kept;
+    ``isolated``: run the engine in a worker process (else in this process, main thread
+    limits only). Call :meth:`close` to stop the worker."""
 
     def __init__(self, rules=None, max_candidates: int = 64, time_s: float = 30.0, cache_size: int = 16,
-                 seed: int = 0, rule_time_s: float = 5.0):
+                 seed: int = 0, rule_time_s: float = 5.0, isolated: bool = True):
+        from ..engine.service import EngineService
+        from ..policy import StrategyNames
+
         if rules is None:
             from ..rules import load_rules
 
@@ -44,24 +43,23 @@ class Recognizer:
         self.time_s = time_s
         self.seed = seed
         self.rule_time_s = rule_time_s
+        self.service = EngineService(self.rules, isolated=isolated)
+        self.names = StrategyNames(self.rules)
         self._cache: OrderedDict[str, tuple[dict[str, list[str]], bool]] = OrderedDict()
         self._cache_size = cache_size
-        self._by_name = {}
-        for r in self.rules:
-            self._by_name.setdefault(_norm(r.id), r)
-            self._by_name.setdefault(_norm(r.name), r)
+
+    def close(self) -> None:
+        """Stop the engine worker."""
+        self.service.close()
 
     def rule_for_name(self, name: str):
         """The rule whose id or name matches a claimed strategy name (case, spaces, ``-``/``_``
-        ignored), or None."""
-        return self._by_name.get(_norm(name or ""))
+        ignored; :class:`steptp.policy.StrategyNames`), or None."""
+        return self.names.rule_for(name)
 
     def results(self, module: LeirModule) -> tuple[dict[str, list[str]], bool]:
         """``({canonical result text: [rule ids]}, complete)`` for ``module``; ``complete`` is
-        False when a bound (candidates per rule, time) cut the enumeration short."""
-        from ..engine import NoMatch, apply_rule, list_candidates
-        from ..timelimit import WorkTimeout, time_limit
-
+        False when a bound (candidates per rule, time, memory) cut the enumeration short."""
         key = module.text()
         hit = self._cache.get(key)
         if hit is not None:
@@ -75,32 +73,13 @@ class Recognizer:
             if left <= 0:
                 complete = False
                 break
-            try:
-                with time_limit(min(left, self.rule_time_s), f"rule {rule.id}: recognition"):
-                    try:
-                        cands = list_candidates(rule, module)
-                    except NoMatch:
-                        continue
-                    if len(cands) > self.max_candidates:
-                        complete = False
-                        rng = random.Random(f"{self.seed}:{rule.id}")
-                        cands = rng.sample(cands, self.max_candidates)
-                    for site, params in cands:
-                        if time.monotonic() > deadline:
-                            complete = False
-                            break
-                        try:
-                            step = apply_rule(rule, module, seed=0, site=site, params=params)
-                        except Exception:  # noqa: BLE001 - an inapplicable candidate
-                            continue
-                        ids = table.setdefault(format_program(step.after.program), [])
-                        if rule.id not in ids:
-                            ids.append(rule.id)
-            except WorkTimeout:
-                complete = False
-                continue
-            except Exception:  # noqa: BLE001 - a rule that crashes on this program costs that rule only
-                continue
+            texts, done = self.service.results(module, rule.id, self.max_candidates, self.seed,
+                                               min(left, self.rule_time_s))
+            complete = complete and done
+            for text in texts:
+                ids = table.setdefault(text, [])
+                if rule.id not in ids:
+                    ids.append(rule.id)
         self._cache[key] = (table, complete)
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

@@ -136,6 +136,8 @@ class _Scorer:
 
     def close(self) -> None:
         self.runner.close()
+        if self.recognizer is not None:
+            self.recognizer.close()
 
     @staticmethod
     def record(case: Case, sample: int, ans: Answer) -> dict:
@@ -256,6 +258,9 @@ def evaluate(inputs: list[str], outdir: str | Path, policy: Policy, opts: EvalOp
     finally:
         appender.close()
         scorer.close()
+        close = getattr(policy, "close", None)
+        if close is not None:
+            close()
     summary = summarise(_read_results(results_path), cases, opts.samples, skipped, run)
     from ..dataset.writers import write_json_atomic
     from .report import write_report

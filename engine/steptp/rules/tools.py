@@ -269,36 +269,36 @@ def coverage(rules, programs: list[LeirModule], per_program: int = 3, seed: int 
     The candidates are those ``stp apply --all`` lists (``list_candidates(check=True)``):
     a site whose rewrite the GPU preflight rejects (e.g. a threadIdx.x loop that would
     write elements other iterations write) is not a step of the rule, so it is neither
-    tried nor a failure."""
-    import random
-
-    from ..engine import NoMatch, apply_rule, list_candidates
+    tried nor a failure. Candidates are listed and applied through the engine service
+    (:class:`steptp.engine.service.EngineService`, in this process, no time limit); the
+    order is drawn with ``seeded_rng(seed, rule id, program name)``."""
+    from ..engine.service import EngineService, seeded_rng
     from ..verify import verify_pair
 
+    svc = EngineService(rules, isolated=False, check=True, apply_timeout_s=0, list_timeout_s=0)
     rows = []
     for r in rules:
         row = CoverageRow(r.id)
         for m in programs:
             try:
-                cands = list_candidates(r, m, check=True)
-            except NoMatch:
-                continue
+                cands = svc.candidates(m, r.id)
             except Exception as e:  # noqa: BLE001 - a crashing rule is a finding, not a crash
                 row.failures.append(f"{m.signature.name}: match error {type(e).__name__}: {e}")
+                continue
+            if not cands:
                 continue
             row.programs += 1
             row.candidates += len(cands)
             order = list(range(len(cands)))
-            random.Random(f"{seed}:{r.id}:{m.signature.name}").shuffle(order)
+            seeded_rng(seed, r.id, m.signature.name).shuffle(order)
             for k in order[:per_program]:
                 s, p = cands[k]
                 row.tried += 1
-                try:
-                    step = apply_rule(r, m, seed=seed, site=s, params=p)
-                except Exception as e:  # noqa: BLE001
-                    row.failures.append(f"{m.signature.name} {s}: {type(e).__name__}: {e}")
+                a = svc.apply(m, r.id, k, seed=seed)
+                if not a.ok:
+                    row.failures.append(f"{m.signature.name} {s}: {a.reason}")
                     continue
-                res = verify_pair(m, step.after, trials=trials, seed=seed, nvcc=nvcc)
+                res = verify_pair(m, a.module, trials=trials, seed=seed, nvcc=nvcc)
                 if res.equal:
                     row.equal += 1
                 else:

@@ -1,0 +1,571 @@
+"""Where candidate next programs come from: one protocol,
+``Policy.propose(program, history, k) -> list[Proposal]``, and its three implementations,
+shared by ``stp search`` (:mod:`steptp.search`) and ``stp eval`` (:mod:`steptp.eval`, which
+renders a proposal as an answer text through a thin adapter, :mod:`steptp.eval.policies`).
+
+``program`` is a :class:`~steptp.leir.LeirModule` or anything holding one in ``.module``: a
+search node (:class:`steptp.search.core.Node`: ``text``, ``depth``, ``speedup``, ...) or an
+eval case (:class:`steptp.eval.policies.Case`: ``id``, ``source``, ``prompt``, ...).
+``history`` is the path root..parent of ``program`` (empty for the root, for the
+chain-without-parent algorithm and in eval).
+
+* :class:`EnginePolicy`: the rule engine, through :class:`steptp.engine.service.EngineService`
+  (a worker process with time and memory limits). ``pick="candidate"`` (search): every rule
+  x site x parameter that applies is a candidate, at most ``per_rule`` (a seeded sample) per
+  rule; ``k`` of them are drawn with the seed (``rank="random"``) or the ``k`` with the
+  lowest static cost (:mod:`steptp.search.cost`, ``rank="cost"``); a program never gets the
+  same candidate twice. ``pick="rule"`` (eval baseline): a rule drawn at random among those
+  that match, applied at its own seeded site (:func:`steptp.engine.apply_rule`).
+* :class:`ReplayPolicy`: proposals read from a JSONL file: search records ``{"parent": LEIR
+  or null, "leir": LEIR, "strategy": S, "site": ..., "params": {...}}`` and eval answer
+  records ``{"case"|"source"|"program"|"prompt": ..., "answer": TEXT, "sample": N}``.
+* :class:`LLMPolicy`: a chat model behind an OpenAI-compatible endpoint, prompted with the
+  paper's multi-step prompt (App. B.2, ``templates/search_prompt.j2``; answers parsed
+  tolerantly, at most ``k`` kept, garbage gives no proposal) or with the chat set's
+  single-answer prompt (``prompt="single"``: ``k`` sampled answers, one proposal each,
+  carrying the raw answer text).
+
+Every seeded draw uses :func:`steptp.engine.service.seeded_rng`. The claimed-strategy ->
+rule-id lookup is :class:`StrategyNames`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .leir.fileformat import LeirModule
+
+
+@dataclass
+class Proposal:
+    """One candidate next program.
+
+    ``module``: the program (the input's signature), None when an answer could not be read;
+    ``strategy``: a rule id, or the claimed strategy in rule-id spelling (``+`` between
+    several); ``site``: text or None; ``params``: JSON-ready values; ``cot``: the chain of
+    thought ('' if none); ``answer``: the raw answer text the proposal was read from (a
+    model's or a file's), None for engine proposals; ``error``: why no answer could be
+    obtained (``"request: ..."``), else None; ``info``: JSON-ready extras (rule id, tokens,
+    finish reason)."""
+
+    module: LeirModule | None
+    strategy: str
+    site: str | None = None
+    params: dict = field(default_factory=dict)
+    cot: str = ""
+    answer: str | None = None
+    error: str | None = None
+    info: dict = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """Anything that proposes at most ``k`` next programs for ``program`` given ``history``."""
+
+    def propose(self, program: Any, history: list, k: int) -> list[Proposal]: ...
+
+
+def module_of(program: Any) -> LeirModule:
+    """The :class:`~steptp.leir.LeirModule` of a policy's ``program`` argument (itself, or its
+    ``.module``). Raises ``TypeError`` for anything else."""
+    if isinstance(program, LeirModule):
+        return program
+    mod = getattr(program, "module", None)
+    if not isinstance(mod, LeirModule):
+        raise TypeError(f"expected a LeirModule or an object with one in .module, got {type(program).__name__}")
+    return mod
+
+
+def program_key(program: Any) -> str:
+    """The canonical program text (printer output, no header) of ``program``: the key of
+    every per-program cache and draw (a search node's ``text`` when it has one)."""
+    text = getattr(program, "text", None)
+    if isinstance(text, str):
+        return text
+    from .leir.printer import format_program
+
+    return format_program(module_of(program).program)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# claimed strategy names
+# ---------------------------------------------------------------------------
+
+
+def normalise_name(name: str) -> str:
+    """A strategy name in rule-id spelling: lower case, every run of other characters one
+    ``_`` (``"Loop-Split "`` -> ``loop_split``)."""
+    return re.sub(r"[^a-z0-9]+", "_", (name or "").lower()).strip("_")
+
+
+class StrategyNames:
+    """The claimed-strategy -> rule lookup: a rule's id or name, compared after
+    :func:`normalise_name`. ``rules``: loaded rules or ``{"id", "name"}`` dicts (default:
+    the shipped rules); the first rule of a name wins."""
+
+    def __init__(self, rules=None):
+        if rules is None:
+            from .rules import load_rules
+
+            rules = load_rules()
+        self.rules = list(rules)
+        self._by_name: dict[str, Any] = {}
+        for r in self.rules:
+            rid, name = (r["id"], r["name"]) if isinstance(r, dict) else (r.id, r.name)
+            self._by_name.setdefault(normalise_name(rid), r)
+            self._by_name.setdefault(normalise_name(name), r)
+
+    def rule_for(self, name: str):
+        """The rule (or dict) whose id or name matches ``name``, or None."""
+        return self._by_name.get(normalise_name(name))
+
+    def rule_id(self, name: str) -> str | None:
+        """The rule id that ``name`` names, or None."""
+        r = self.rule_for(name)
+        return None if r is None else (r["id"] if isinstance(r, dict) else r.id)
+
+    def strategy_id(self, claimed: str) -> str:
+        """Rule ids of a claimed strategy (``"Loop Split, loop-reorder"`` ->
+        ``loop_split+loop_reorder``; ``,`` or ``;`` between several); an unknown name is kept
+        in id spelling; ``llm`` when nothing is named."""
+        ids = []
+        for part in (claimed or "").replace(";", ",").split(","):
+            key = normalise_name(part)
+            if key:
+                ids.append(self.rule_id(key) or key)
+        return "+".join(ids) or "llm"
+
+
+def strategy_table(rules=None) -> list[dict]:
+    """``[{"id", "name"}]`` of the rules (default: the shipped 43), in rule-file order."""
+    if rules is None:
+        from .rules import load_rules
+
+        rules = load_rules()
+    return [{"id": r.id, "name": r.name} for r in rules]
+
+
+# ---------------------------------------------------------------------------
+# engine
+# ---------------------------------------------------------------------------
+
+
+class EnginePolicy:
+    """Proposals from the rule engine (see the module docstring).
+
+    ``rules``: rule objects or ids (ids are looked up in ``rules_dir``; default: every
+    shipped rule); ``pick``: ``candidate`` or ``rule``; ``rank``: ``random`` or ``cost``
+    (``pick="candidate"``); ``seed``; ``per_rule``: at most this many candidates per rule
+    and program (a seeded sample; default 8); ``tries``: rules tried per proposal with
+    ``pick="rule"`` (8); ``target``: the cost model's target (``cpu``/``cuda``).
+    ``apply_timeout_s`` (seconds per application), ``list_timeout_s`` (to count a program's
+    candidates), ``mem_bytes`` (the worker's address space) and ``isolated`` go to
+    :class:`~steptp.engine.service.EngineService`; work over a limit is skipped and counted
+    in :attr:`skipped`.
+
+    :meth:`propose` takes an optional ``draw`` key: the draw's generator is
+    ``seeded_rng(seed, *draw)`` (eval: ``(case id, sample)``), by default ``seeded_rng(seed,
+    "draw", program key, n)`` for the n-th call on that program. Raises ``ValueError`` for
+    an unknown ``rank`` or ``pick``."""
+
+    def __init__(self, rules=None, *, rank: str = "random", pick: str = "candidate", seed: int = 0, per_rule: int = 8,
+                 tries: int = 8, target: str = "cpu", rules_dir: str | None = None, apply_timeout_s: float = 30.0,
+                 list_timeout_s: float = 120.0, mem_bytes: int = 3 << 30, cache_size: int = 256,
+                 isolated: bool = True):
+        from .engine.service import EngineService
+
+        if rank not in ("random", "cost"):
+            raise ValueError(f"rank must be 'random' or 'cost', not {rank!r}")
+        if pick not in ("candidate", "rule"):
+            raise ValueError(f"pick must be 'candidate' or 'rule', not {pick!r}")
+        self.service = EngineService(rules, rules_dir=rules_dir, isolated=isolated, apply_timeout_s=apply_timeout_s,
+                                     list_timeout_s=list_timeout_s, mem_bytes=mem_bytes)
+        self.rule_ids = list(self.service.rule_ids)
+        self.rank, self.pick, self.seed, self.per_rule, self.tries = rank, pick, seed, per_rule, tries
+        self.target, self.rules_dir, self.cache_size = target, rules_dir, cache_size
+        self._counts: dict[str, dict] = {}
+        self._cands: dict[str, list] = {}
+        self._used: dict[str, set] = {}
+        self._calls: dict[str, int] = {}
+        self._ranked: dict[str, list] = {}  # rank="cost": applied candidates not yet proposed, cheapest first
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Work skipped, by reason (time, memory, failed rewrite): the service's count."""
+        return self.service.skipped
+
+    def close(self) -> None:
+        """Stop the engine worker."""
+        self.service.close()
+
+    def counts(self, module: LeirModule) -> dict[str, int]:
+        """``{rule id: number of candidates}`` of ``module``, cached per canonical text."""
+        key = program_key(module)
+        hit = self._counts.get(key)
+        if hit is None:
+            if len(self._counts) >= self.cache_size:
+                self._counts.pop(next(iter(self._counts)))
+            hit = self._counts[key] = self.service.counts(module)
+        return hit
+
+    def candidates(self, module: LeirModule) -> list[tuple[str, int]]:
+        """``(rule id, candidate index)`` pairs for ``module`` (at most ``per_rule`` per
+        rule, a seeded sample), cached per canonical text."""
+        from .engine.service import seeded_rng
+
+        key = program_key(module)
+        hit = self._cands.get(key)
+        if hit is not None:
+            return hit
+        counts = self.counts(module)
+        out = []
+        for rid in self.rule_ids:
+            idx = list(range(int(counts.get(rid, 0))))
+            if len(idx) > self.per_rule:
+                idx = sorted(seeded_rng(self.seed, "cap", rid, key).sample(idx, self.per_rule))
+            out.extend((rid, i) for i in idx)
+        if len(self._cands) >= self.cache_size:
+            self._cands.pop(next(iter(self._cands)))
+        self._cands[key] = out
+        return out
+
+    def rule_name(self, rule_id: str) -> str:
+        """The display name of a rule id (the id itself when unknown)."""
+        r = self.service.rule(rule_id)
+        return r.name if r is not None else rule_id
+
+    def _apply(self, module: LeirModule, rule_id: str, index: int | None, seed: int) -> Proposal | None:
+        a = self.service.apply(module, rule_id, index, seed)
+        if not a.ok:
+            return None
+        return Proposal(a.module, rule_id, a.site, a.params, a.cot, info={"rule": rule_id})
+
+    def propose(self, program: Any, history: list, k: int, *, draw: tuple | None = None) -> list[Proposal]:
+        """At most ``k`` engine proposals for ``program`` (see the class docstring)."""
+        from .engine.service import seeded_rng
+
+        module, key = module_of(program), program_key(program)
+        if draw is None:
+            call = self._calls[key] = self._calls.get(key, 0) + 1
+            rng = seeded_rng(self.seed, "draw", key, call)
+        else:
+            rng = seeded_rng(self.seed, *draw)
+        if self.pick == "rule":
+            counts = self.counts(module)
+            pool = [rid for rid in self.rule_ids if counts.get(rid)]
+            rng.shuffle(pool)
+            out: list[Proposal] = []
+            for rid in pool[:self.tries]:
+                p = self._apply(module, rid, None, rng.randrange(2**31))
+                if p is not None:
+                    out.append(p)
+                    if len(out) >= k:
+                        break
+            return out
+        cands = self.candidates(module)
+        used = self._used.setdefault(key, set())
+        order = [i for i in range(len(cands)) if i not in used]
+        rng.shuffle(order)
+        if self.rank == "cost":
+            ranked = self._ranked.get(key)
+            if ranked is None:
+                from .search.cost import estimate_ns
+
+                scored = []
+                for i in order:  # seeded order breaks ties between equal costs
+                    p = self._apply(module, *cands[i], self.seed)
+                    if p is not None:
+                        scored.append((estimate_ns(p.module.program, self.target), len(scored), p))
+                scored.sort(key=lambda x: (x[0], x[1]))
+                ranked = self._ranked[key] = [p for _, _, p in scored]
+            out, ranked[:] = ranked[:k], ranked[k:]
+            return out
+        out = []
+        for i in order:
+            used.add(i)
+            p = self._apply(module, *cands[i], self.seed)
+            if p is not None:
+                out.append(p)
+                if len(out) >= k:
+                    break
+        return out
+
+
+# ---------------------------------------------------------------------------
+# replay (search proposals and eval answers read from a file)
+# ---------------------------------------------------------------------------
+
+
+class ReplayError(ValueError):
+    """A replay or answers file that cannot be read (path, line, what is wrong)."""
+
+
+def _case_keys(program: Any) -> list[tuple[str, str]]:
+    """The keys a record may name ``program`` by, most specific first."""
+    keys = []
+    if isinstance(getattr(program, "text", None), str):
+        keys.append(("parent", program.text))
+    for attr, kind in (("id", "case"), ("source", "source"), ("prompt", "prompt"), ("program", "program")):
+        v = getattr(program, attr, None)
+        if isinstance(v, str) and not isinstance(program, LeirModule):
+            keys.append((kind, _sha(v) if kind == "prompt" else v))
+    if not keys:
+        keys.append(("parent", program_key(program)))
+    return keys
+
+
+class ReplayPolicy:
+    """Proposals read from a JSONL file, one record per line (format in the module docstring).
+
+    A record names the programs it is for by ``parent`` (canonical LEIR; null or absent:
+    any program), ``case``, ``source``, ``program`` or ``prompt`` (eval cases), and holds
+    either ``leir`` (a program, with or without ``%`` header; the program's signature is
+    used: ``signature`` when given, else the proposing program's) or ``answer`` (a raw
+    model output, parsed tolerantly, :func:`steptp.llm.parse_single`).
+
+    :meth:`propose` without ``draw`` gives each record at most once, in file order (search);
+    with ``draw=(sample,)`` it gives the record of that sample for the first key of the
+    program that has records (eval: ``sample`` 0-based, else the record's position among
+    those of its key). Raises :class:`ReplayError` for an unreadable file or line."""
+
+    def __init__(self, path: str | Path, signature=None):
+        self.path = Path(path)
+        self.signature = signature
+        self.records: list[dict] = []
+        self.table: dict[tuple, dict[int, int]] = {}
+        self._used: set[int] = set()
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise ReplayError(f"{self.path}: cannot read: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise ReplayError(f"{self.path}: not UTF-8 text") from None
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                self._add(n, line)
+
+    def _add(self, n: int, line: str) -> None:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReplayError(f"{self.path}:{n}: not JSON: {e.msg}") from None
+        if not isinstance(rec, dict) or not (isinstance(rec.get("leir"), str) or isinstance(rec.get("answer"), str)):
+            raise ReplayError(f"{self.path}:{n}: expected an object with a string 'leir' or 'answer'")
+        keys = [(k, str(rec[k])) for k in ("case", "source", "program") if k in rec]
+        if isinstance(rec.get("prompt"), str):
+            keys.append(("prompt", _sha(rec["prompt"])))
+        try:
+            if isinstance(rec.get("leir"), str):
+                self._parse(rec["leir"])  # a bad program is an error of the file, found now
+            if isinstance(rec.get("parent"), str):
+                keys.append(("parent", program_key(self._parse(rec["parent"]))))
+        except Exception as e:  # noqa: BLE001 - LeirSyntaxError and friends, one line each
+            raise ReplayError(f"{self.path}:{n}: {str(e).splitlines()[0]}") from None
+        i = len(self.records)
+        self.records.append({"leir": rec.get("leir"), "answer": rec.get("answer"), "keyed": bool(keys),
+                             "strategy": str(rec.get("strategy") or "replay"), "site": rec.get("site"),
+                             "params": rec.get("params") if isinstance(rec.get("params"), dict) else {}})
+        sample = rec.get("sample")
+        for key in keys or [("any", "")]:
+            slot = self.table.setdefault(key, {})
+            slot[sample if isinstance(sample, int) and sample >= 0 else len(slot)] = i
+
+    def _parse(self, text: str, signature=None) -> LeirModule:
+        from .leir import parse_leir
+
+        m = parse_leir(text, str(self.path))
+        sig = signature or self.signature
+        return m if sig is None else LeirModule(sig, m.program)
+
+    def _proposal(self, i: int, program: Any) -> Proposal:
+        r = self.records[i]
+        sig = self.signature or module_of(program).signature
+        if r["leir"] is not None:
+            site = None if r["site"] is None else str(r["site"])
+            return Proposal(self._parse(r["leir"], sig), r["strategy"], site, dict(r["params"]), info={"record": i})
+        from .llm import parse_single
+
+        cand = parse_single(r["answer"], sig)
+        return Proposal(cand.module if cand.ok else None, r["strategy"], answer=r["answer"], info={"record": i})
+
+    def propose(self, program: Any, history: list, k: int, *, draw: tuple | None = None) -> list[Proposal]:
+        """At most ``k`` recorded proposals for ``program`` (see the class docstring)."""
+        keys = _case_keys(program)
+        if draw is not None:
+            for key in keys + [("any", "")]:
+                slot = self.table.get(key)
+                if slot:
+                    i = slot.get(draw[0])
+                    return [] if i is None else [self._proposal(i, program)]
+            return []
+        mine = {i for key in keys for i in self.table.get(key, {}).values()}
+        out = []
+        for i, r in enumerate(self.records):
+            if len(out) >= k:
+                break
+            if i in self._used or (r["keyed"] and i not in mine):
+                continue
+            self._used.add(i)
+            out.append(self._proposal(i, program))
+        return out
+
+
+# ---------------------------------------------------------------------------
+# LLM
+# ---------------------------------------------------------------------------
+
+#: One sentence per algorithm, opening the prompt (paper App. B.2).
+ALGORITHM_TEXT = {
+    "greedy": "Greedy-based optimization",
+    "beam": "Beam-search-based optimization",
+    "bfs": "Breadth-first-based optimization",
+    "dfs": "Depth-first-based optimization",
+    "mcts": "Monte-Carlo-tree-search-based optimization",
+    "chain": "Chain-based optimization",
+    "chain-no-parent": "Chain-based optimization",
+}
+
+
+def render_prompt(algorithm: str, node, parent, strategies: list[dict], target: str = "cpu", count: int = 2) -> str:
+    """The multi-step prompt of paper App. B.2 for a search node (``text``, ``module``,
+    ``depth``, ``speedup``, ``strategy``; ``parent`` the same or None), from
+    ``templates/search_prompt.j2``; ``strategies``: :func:`strategy_table` rows."""
+    from .backend.hardware import DEFAULT_GPU
+    from .leir.ast import DTYPES
+    from .resources import render
+
+    sig = node.module.signature
+    tensors = [{"name": t.name, "role": t.role, "torch_dtype": "torch." + DTYPES[t.dtype], "shape": list(t.shape)}
+               for t in sig.tensors]
+    return render("search_prompt.j2", algorithm=ALGORITHM_TEXT.get(algorithm, "Search-based optimization"),
+                  name=sig.name, leir=node.text, tensors=tensors,
+                  parent=None if parent is None else {"leir": parent.text, "depth": parent.depth,
+                                                       "speedup": parent.speedup or 1.0,
+                                                       "is_root": parent.parent is None},
+                  current={"depth": node.depth, "speedup": node.speedup or 1.0, "strategy": node.strategy},
+                  target=target, gpu=DEFAULT_GPU, strategies=strategies, count=count)
+
+
+def _wrap_json(text: str) -> str | None:
+    """A bare JSON answer (the B.2 prompt asks for JSON only) wrapped in <answer> tags."""
+    s = text
+    if "</think>" in s:
+        s = s.rsplit("</think>", 1)[1]
+    starts = [i for i in (s.find("["), s.find("{")) if i >= 0]
+    if not starts:
+        return None
+    i = min(starts)
+    j = max(s.rfind("]"), s.rfind("}"))
+    if j <= i:
+        return None
+    return "<answer>" + s[i:j + 1] + "</answer>"
+
+
+def parse_proposals(text: str, signature, k: int, names: StrategyNames | None = None) -> tuple[list[Proposal], str]:
+    """At most ``k`` proposals read from a model answer (``<answer>`` JSON, fenced JSON or
+    bare JSON; keys ``transformed_IR`` and ``applied_strategies``/``applied_strategy``);
+    strategies in rule-id spelling through ``names``. Returns ``(proposals, reason)``; never
+    raises."""
+    from .llm.answers import parse_candidates
+
+    try:
+        cands, why = parse_candidates(text, signature)
+        if not cands and "<answer>" not in (text or ""):
+            wrapped = _wrap_json(text or "")
+            if wrapped is not None:
+                cands, why = parse_candidates(wrapped, signature)
+    except Exception as e:  # noqa: BLE001 - hostile text never crashes a search
+        return [], f"unreadable answer: {type(e).__name__}"
+    names = names or StrategyNames([])
+    out = []
+    reasons = [why] if why else []
+    for c in cands:
+        if c.ok:
+            out.append(Proposal(c.module, names.strategy_id(c.strategy), None, {}))
+        elif c.reason:
+            reasons.append(c.reason)
+        if len(out) >= k:
+            break
+    return out, "; ".join(reasons)[:500]
+
+
+class LLMPolicy:
+    """Proposals from a chat model (see the module docstring).
+
+    ``client``: anything with ``complete(messages, n, temperature, max_tokens, seed)``
+    returning objects with ``.text`` (:class:`steptp.llm.client.ChatClient`); ``prompt``:
+    ``search`` (App. B.2, ``algorithm`` names the search in it, one request per call, at
+    most ``k`` proposals, none from an unreadable answer) or ``single`` (the single-answer
+    prompt, ``program.prompt`` when it has one: ``k`` sampled answers in one request, one
+    proposal each with its raw ``answer`` and token counts in ``info``; a failed request
+    gives ``k`` proposals with ``error``); ``temperature`` (paper: 0.3); ``max_tokens``;
+    ``target``; ``rules`` (the strategies listed and looked up); ``seed``: sent with
+    single-answer requests. ``log``: one dict per search request (prompt and answer sizes,
+    proposals, reason, tokens)."""
+
+    threaded = True
+
+    def __init__(self, client, *, prompt: str = "search", algorithm: str = "greedy", temperature: float = 0.3,
+                 max_tokens: int | None = None, target: str = "cpu", rules=None, seed: int | None = None):
+        if prompt not in ("search", "single"):
+            raise ValueError(f"prompt must be 'search' or 'single', not {prompt!r}")
+        self.client, self.prompt, self.algorithm = client, prompt, algorithm
+        self.temperature, self.max_tokens, self.target, self.seed = temperature, max_tokens, target, seed
+        self.strategies = strategy_table(rules) if prompt == "search" else []
+        self.names = StrategyNames(self.strategies) if prompt == "search" else None
+        self.log: list[dict] = []
+
+    def _single(self, program: Any, k: int) -> list[Proposal]:
+        from .llm import RequestError, parse_single, single_prompt, user_messages
+
+        module = module_of(program)
+        prompt = getattr(program, "prompt", None) or single_prompt(module)
+        try:
+            comps = self.client.complete(user_messages(prompt), n=k, temperature=self.temperature,
+                                         max_tokens=self.max_tokens, seed=self.seed)
+        except RequestError as e:
+            return [Proposal(None, "", answer="", error=f"request: {e}") for _ in range(k)]
+        out = []
+        for c in comps:
+            cand = parse_single(c.text, module.signature)
+            out.append(Proposal(cand.module if cand.ok else None, cand.strategy, answer=c.text,
+                                info={"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+                                      "finish_reason": c.finish_reason}))
+        return out
+
+    def propose(self, program: Any, history: list, k: int) -> list[Proposal]:
+        """At most ``k`` proposals for ``program`` (see the class docstring)."""
+        if self.prompt == "single":
+            return self._single(program, k)
+        from .llm.client import RequestError
+
+        parent = history[-1] if history else None
+        prompt = render_prompt(self.algorithm, program, parent, self.strategies, self.target, count=max(2, k))
+        rec = {"node": program.id, "prompt_chars": len(prompt)}
+        try:
+            comps = self.client.complete([{"role": "user", "content": prompt}], n=1, temperature=self.temperature,
+                                         max_tokens=self.max_tokens)
+        except RequestError as e:
+            rec["reason"] = f"request failed: {e}"
+            self.log.append(rec)
+            return []
+        text = comps[0].text if comps else ""
+        props, why = parse_proposals(text, program.module.signature, k, self.names)
+        rec.update({"answer_chars": len(text or ""), "proposals": len(props), "reason": why,
+                    "prompt_tokens": getattr(comps[0], "prompt_tokens", None) if comps else None,
+                    "completion_tokens": getattr(comps[0], "completion_tokens", None) if comps else None})
+        self.log.append(rec)
+        return props
+
+
+__all__ = ["Proposal", "Policy", "module_of", "program_key", "normalise_name", "StrategyNames", "strategy_table",
+           "EnginePolicy", "ReplayError", "ReplayPolicy", "ALGORITHM_TEXT", "render_prompt", "parse_proposals",
+           "LLMPolicy"]
