@@ -257,6 +257,51 @@ def test_rounds_resume_and_are_deterministic(rounds_run, tmp_path):
         sorted((rounds_run / "attempts.jsonl").read_text().splitlines())
 
 
+def test_follow_ups_try_a_rule_on_the_output_of_the_strategies_it_follows(rounds_run, tmp_path):
+    """--follow-ups (the paper profile's default): operator_fission and set_storage_scope name
+    `follows: [operator_fusion]`; with one round they run, alone, on fused programs."""
+    fu = _rounds_run(tmp_path / "fu", None, "--follow-ups")
+    entries = rows(fu / "dictionary.jsonl")
+    by_id = {e["id"]: e for e in entries}
+    derived = [e for e in entries if "derived_from" in e]
+    assert {e["strategy"]["id"] for e in derived} == {"operator_fission", "set_storage_scope"}
+    for e in derived:
+        d = e["derived_from"]
+        assert d["follow_up"] is True and d["round"] == 2
+        parent = by_id[d["id"]]
+        assert parent["strategy"]["id"] == "operator_fusion" and e["original"]["leir"] == parent["transformed"]["leir"]
+        assert e["verification"]["equal"]
+    # only the following rules ran on the follow-up originals
+    tried = {a["rule"] for a in rows(fu / "attempts.jsonl") if "derived_from" in a}
+    assert tried <= {"operator_fission", "set_storage_scope"}
+    assert json.loads((fu / "run.json").read_text())["follow_ups"] is True
+    # the paper profile turns them on; --no-follow-ups gives the plain run
+    paper = _rounds_run(tmp_path / "paper", None, "--profile", "paper")
+    assert rows(paper / "dictionary.jsonl") == entries
+    off = _rounds_run(tmp_path / "off", None, "--profile", "paper", "--no-follow-ups")
+    assert rows(off / "dictionary.jsonl") == [e for e in entries if "derived_from" not in e]
+
+
+def test_follow_up_of_the_prefix_matmul_after_online_softmax(tmp_path):
+    out = tmp_path / "sdpa"
+    res = stp("dataset", EXAMPLES / "sdpa.leir", "-o", out, "--in-process", "-q", "--no-nvcc", "--no-cuda",
+              "--rule", ROOT / "rules" / "online_softmax.yaml",
+              "--rule", ROOT / "rules" / "normal_matmul_to_prefix_matmul_based_on_online_softmax.yaml", "--follow-ups")
+    assert res.exit_code == 0, res.output
+    got = {(e["strategy"]["id"], bool(e.get("derived_from"))) for e in rows(out / "dictionary.jsonl")}
+    assert got == {("online_softmax", False), ("normal_matmul_to_prefix_matmul_based_on_online_softmax", True)}
+
+
+def test_a_rule_cannot_follow_itself(tmp_path):
+    from steptp.rules import RuleError, load_rule
+
+    text = (ROOT / "rules" / "operator_fission.yaml").read_text().replace("follows: [operator_fusion]",
+                                                                          "follows: [operator_fission]")
+    (tmp_path / "operator_fission.yaml").write_text(text)
+    with pytest.raises(RuleError, match="follows"):
+        load_rule(tmp_path / "operator_fission.yaml")
+
+
 def test_filters_group_derived_originals_as_programs_of_their_own(rounds_run):
     from steptp.dataset.difficulty import FilterPolicy
     from steptp.dataset.pipeline import filtered_sets

@@ -49,6 +49,12 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                             "of each program's verified transformed programs of round k (derived "
                                             "originals, recorded with derived_from). 1: single steps from the "
                                             "source programs only."),
+            follow_ups: Optional[bool] = typer.Option(None, "--follow-ups/--no-follow-ups",
+                                                      help="Try each rule that names strategies it `follows` (and has "
+                                                           "no verified step on a program) on up to 2 verified outputs "
+                                                           "of those strategies: operator_fission and set_storage_scope "
+                                                           "after operator_fusion, the prefix matmul after "
+                                                           "online_softmax. Default: on with --profile paper."),
             time_steps: bool = typer.Option(False, "--time",
                                             help="Time every entry's original and transformed program on --device "
                                                  "(median us, performance build) and record timing {original_us, "
@@ -84,7 +90,8 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         guard_rule(Path(p), lambda p=p: load_rule(p))
     opts = Options(seed=seed, trials=trials, per_rule=per_rule, max_tries=max_tries, with_cuda=not no_cuda, rule_paths=rule_paths,
                    isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device, time=time_steps,
-                   rounds=rounds, negatives=negatives)
+                   rounds=rounds, negatives=negatives,
+                   follow_ups=(profile == "paper") if follow_ups is None else follow_ups)
     from ..dataset.difficulty import PROFILES, FilterPolicy
     from ..dataset.distributed import RayUnavailable
 

@@ -19,6 +19,16 @@ strategies from the source program to it, and the round. Strategies whose input 
 in translated programs (a nest with several equations after ``operator_fusion``, an online
 softmax after ``online_softmax``) get data this way. All rounds of a program belong to its one
 result (one resume record); with ``rounds == 1`` the output is exactly that of one round.
+
+Follow-ups (``Options.follow_ups``, ``stp dataset --follow-ups``, on by default with
+``--profile paper``): after the rounds, every rule whose YAML names ``follows`` (strategies
+whose verified output offers it sites that translated programs lack: ``operator_fission``
+and ``set_storage_scope`` after ``operator_fusion``, the prefix matmul after
+``online_softmax``) and that has no verified step on the program yet is tried, alone, on
+up to :data:`FOLLOW_UP_TRIES` distinct verified outputs of those strategies (seeded by
+``(seed, program key, "follow-up", rule id)``). Their entries are derived entries whose
+``derived_from`` also says ``"follow_up": true``. Without ``follows`` in any rule, or with
+every such rule already verified, the output is exactly that without follow-ups.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ class Options:
     time: bool = False          # --time: each entry records original/transformed runtime and speedup
     negatives: bool = False     # --negatives: a failed candidate's attempt keeps its programs (negatives.jsonl)
     mutants: int = 2            # --negatives: hard negatives tried per verified step (dataset.mutants)
+    follow_ups: bool = False    # --follow-ups: rules with ``follows`` tried on the output of those strategies
 
 
 @dataclass
@@ -351,7 +362,7 @@ class _Program:
     (``derived``) one derived original of a later round (see the module docstring)."""
 
     def __init__(self, src: Source, opts: Options, derived: dict | None = None, module: LeirModule | None = None,
-                 original_check: dict | None = None):
+                 original_check: dict | None = None, rule_ids: frozenset[str] | None = None):
         from ..rules import load_rule
 
         self.src, self.seconds = src, 0.0
@@ -374,7 +385,8 @@ class _Program:
 
                 inject(src.path)  # STP_FAULT_INJECT (tests): an unexpected crash -> "internal error: ..."
         if self.error is None:
-            self.runs = [_RuleRun(load_rule(p), self.module, src, opts, key) for p in opts.rule_paths]
+            rules = [load_rule(p) for p in opts.rule_paths]
+            self.runs = [_RuleRun(r, self.module, src, opts, key) for r in rules if rule_ids is None or r.id in rule_ids]
         self.seconds += time.perf_counter() - t0
 
     def kept_steps(self) -> list[tuple[str, object, object, str]]:
@@ -383,13 +395,23 @@ class _Program:
         return [(entry_id(text, format_program(step.after.program), run.rule.id), step, res, run.rule.id)
                 for run in self.runs for step, res, _ in run.kept]
 
-    def derive(self, opts: Options, chosen: list[tuple[str, object, object, str]], round_no: int) -> list["_Program"]:
+    @property
+    def round(self) -> int:
+        """1 for a source program, else the round of this derived original."""
+        return self.derived["round"] if self.derived else 1
+
+    def derive(self, opts: Options, chosen: list[tuple[str, object, object, str]], round_no: int,
+               rule_ids: frozenset[str] | None = None) -> list["_Program"]:
+        """Derived originals of ``chosen`` verified steps for round ``round_no``; with
+        ``rule_ids`` a follow-up (only those rules run on it)."""
         chain = self.derived["chain"] if self.derived else []
         out = []
         for eid, step, res, strategy in chosen:
             d = {"id": eid, "chain": chain + [strategy], "round": round_no}
+            if rule_ids is not None:
+                d["follow_up"] = True
             check = {"against": "derived", "derived_from": eid, **res.to_dict()}
-            out.append(_Program(self.src, opts, derived=d, module=step.after, original_check=check))
+            out.append(_Program(self.src, opts, derived=d, module=step.after, original_check=check, rule_ids=rule_ids))
         return out
 
     def entries_and_attempts(self, opts: Options, nvcc_ran: bool) -> tuple[list[dict], list[dict]]:
@@ -445,6 +467,48 @@ def _choose_derived(units: list[_Program], opts: Options, key: str, round_no: in
     return [(u, item) for _, u, item in chosen]
 
 
+#: verified outputs of the strategies a rule ``follows`` that a follow-up tries it on, at most
+FOLLOW_UP_TRIES = 2
+
+
+def _follow_ups(units: list[_Program], opts: Options, key: str) -> list[_Program]:
+    """The follow-up originals of one source program (``units``: it and its derived
+    originals): for each rule with ``follows`` and no verified step in ``units``, a seeded
+    choice of at most :data:`FOLLOW_UP_TRIES` distinct verified outputs of the strategies it
+    follows; a derived original chosen for several rules runs all of them."""
+    from ..engine.service import seeded_rng
+
+    verified = {run.rule.id for u in units for run in u.runs if run.kept}
+    rules = {}
+    for u in units:
+        for run in u.runs:
+            rules.setdefault(run.rule.id, run.rule)
+    pool, seen = [], set()
+    for u in units:
+        for item in u.kept_steps():
+            text = format_program(item[1].after.program)
+            if text not in seen:
+                seen.add(text)
+                pool.append((item[0], u, item))
+    pool.sort(key=lambda x: x[0])
+    groups: dict[str, tuple[_Program, tuple, set]] = {}
+    for rid in sorted(rules):
+        follows = rules[rid].follows
+        if not follows or rid in verified:
+            continue
+        candidates = [x for x in pool if x[2][3] in follows]
+        if not candidates:
+            continue
+        rng = seeded_rng(opts.seed, key, "follow-up", rid)
+        for eid, u, item in rng.sample(candidates, min(FOLLOW_UP_TRIES, len(candidates))):
+            groups.setdefault(eid, (u, item, set()))[2].add(rid)
+    out: list[_Program] = []
+    for eid in sorted(groups):
+        u, item, rids = groups[eid]
+        out += u.derive(opts, [item], u.round + 1, frozenset(rids))
+    return out
+
+
 def _run_units(progs: list[_Program], opts: Options, defer: bool) -> None:
     """Verify candidates of every rule run of ``progs`` until each is done (nvcc batched)."""
     while True:
@@ -493,6 +557,11 @@ def process_batch(srcs: list[Source], opts: Options) -> list[ProgramResult]:
             nxt.append(derived)
         current = nxt
         _run_units([d for units in current for d in units], opts, defer)
+    if opts.follow_ups:
+        follow = [_follow_ups([p] + later[i], opts, p.src.key) if p.error is None else [] for i, p in enumerate(progs)]
+        for i, units in enumerate(follow):
+            later[i] += units
+        _run_units([d for units in follow for d in units], opts, defer)
     return [p.result(opts, nvcc_ran, later[i]) for i, p in enumerate(progs)]
 
 

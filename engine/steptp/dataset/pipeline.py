@@ -67,6 +67,8 @@ def _run_options(opts: Options, policy: FilterPolicy) -> dict:
         del d["rounds"], d["derived_per_round"]  # one round: run.json as before --rounds existed
     if not d["negatives"]:
         del d["negatives"], d["mutants"]  # run.json as before --negatives existed
+    if not d["follow_ups"]:
+        del d["follow_ups"]  # run.json as before --follow-ups existed
     d["policy"] = policy.recorded()
     return d
 

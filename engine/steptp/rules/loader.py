@@ -90,6 +90,9 @@ class Rule:
     cot: str
     tests: tuple[RuleTest, ...]
     inverse: str | None = None
+    #: strategies whose verified output this rule is tried on when the source program offers
+    #: it no verified step (``stp dataset --follow-ups``, :mod:`steptp.dataset.generate`)
+    follows: tuple[str, ...] = ()
     source: str | None = None
     path: str | None = None
     raw: dict = field(default_factory=dict, repr=False)
@@ -149,7 +152,8 @@ def _build(data: dict, source: str, path: str | None) -> Rule:
                 preconditions=tuple(data["preconditions"]), difficulty={"K": d["K"], "P": d["P"], "S": d["S"]},
                 scope=scope, match=match, where=tuple(data.get("where", ())), params=dict(data.get("params", {})),
                 let=dict(data.get("let", {})), fresh=dict(data.get("fresh", {})), rewrite=rewrite, cot=data["cot"],
-                tests=tuple(tests), inverse=data.get("inverse"), source=data.get("source"), path=path, raw=data,
+                tests=tuple(tests), inverse=data.get("inverse"), follows=tuple(data.get("follows", ())),
+                source=data.get("source"), path=path, raw=data,
                 key=key)
 
 
@@ -165,6 +169,8 @@ def _semantic_checks(rule: Rule, data: dict, source: str, stem: str | None) -> N
                                                     f"{rule.score:g} gives {rule.level!r}")
     if rule.inverse == rule.id:
         raise RuleError(source, "inverse", "a rule cannot be its own inverse")
+    if rule.id in rule.follows:
+        raise RuleError(source, "follows", "a rule cannot follow itself")
     for pname, spec in rule.params.items():
         r = spec.get("range") if isinstance(spec, dict) else None
         lo, hi = (r[0], r[1]) if isinstance(r, list) and len(r) == 2 else \
