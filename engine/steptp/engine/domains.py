@@ -8,7 +8,6 @@ modifiers ``exclude``, ``exclude_identity``, ``keep_innermost_kinds``, ``innermo
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -42,88 +41,13 @@ class EvalContext:
 VALUE_FUNCTIONS: dict[str, tuple[int, Callable]] = {}
 
 
-class _ValueParser:
-    """``?n/?f``, ``loops_of(?N)``, ``3``, ``"s"``, bare words (string literals)."""
-
-    def __init__(self, src: str):
-        self.p = P._Parser(src)
-
-    def parse(self):
-        e = self.or_()
-        self.p.done()
-        return e
-
-    def or_(self):
-        a = self.and_()
-        while self.p.peek().kind == "word" and self.p.peek().text == "or":
-            self.p.next()
-            a = ("or", a, self.and_())
-        return a
-
-    def and_(self):
-        a = self.cmp()
-        while self.p.peek().kind == "word" and self.p.peek().text == "and":
-            self.p.next()
-            a = ("and", a, self.cmp())
-        return a
-
-    def cmp(self):
-        if self.p.peek().kind == "word" and self.p.peek().text == "not":
-            self.p.next()
-            return ("not", self.cmp())
-        a = self.sum()
-        t = self.p.peek()
-        if t.kind == "op" and t.text in ("<", "<=", ">", ">=", "==", "!="):
-            self.p.next()
-            return ("cmp", t.text, a, self.sum())
-        return a
-
-    def sum(self):
-        a = self.prod()
-        while self.p.at("+") or self.p.at("-"):
-            a = ("op", self.p.next().text, a, self.prod())
-        return a
-
-    def prod(self):
-        a = self.atom()
-        while self.p.peek().kind == "op" and self.p.peek().text in ("*", "/", "//", "%"):
-            a = ("op", self.p.next().text, a, self.atom())
-        return a
-
-    def atom(self):
-        t = self.p.next()
-        if t.kind == "int":
-            return ("lit", int(t.text))
-        if t.kind == "mvar":
-            return ("var", t.text[1:])
-        if t.kind == "str":
-            return ("lit", t.text[1:-1])
-        if t.kind == "op" and t.text == "-":
-            return ("op", "-", ("lit", 0), self.atom())
-        if t.kind == "op" and t.text == "(":
-            e = self.sum()
-            self.p.expect(")")
-            return e
-        if t.kind in ("word", "name"):
-            if self.p.at("("):
-                self.p.next()
-                args = []
-                if not self.p.at(")"):
-                    args.append(self.sum())
-                    while self.p.at(","):
-                        self.p.next()
-                        args.append(self.sum())
-                self.p.expect(")")
-                return ("call", t.text, args)
-            return ("lit", t.text)
-        self.p.error(t, "expected a value")
-
-
-@functools.lru_cache(maxsize=4096)
 def parse_value(src: str):
-    """Parse a value expression (see :class:`_ValueParser`); raises PatternError. The
-    tree is immutable (nested tuples) and cached per text."""
-    return _ValueParser(src).parse()
+    """Parse a value expression (``?n/?f``, ``loops_of(?N)``, ``3``, ``"s"``, bare words as
+    string literals, comparisons, ``not``/``and``/``or``) with the ``value`` rule of the
+    rule grammar (``steptp/leir/pattern.lark``, see :func:`steptp.engine.patterns.parse_value_tree`);
+    raises :class:`~steptp.engine.patterns.PatternError` naming line and column. The tree
+    is immutable (nested tuples) and cached per text."""
+    return P.parse_value_tree(src)
 
 
 def value_vars(tree) -> set[str]:

@@ -6,7 +6,8 @@ loops, equations), not one deep term; expressions are terms (identical subterms 
 e-class); preconditions are Datalog relations saturated in two strata *before* the
 candidate rules run; the e-graph is union-free.
 
-Sorts and constructors::
+Sorts and constructors: the table of :mod:`steptp.engine.codec` (the one AST <-> egglog
+codec, which also encodes rule queries and decodes results)::
 
     Term : (INT i64) (FLT String) (IDX String) (TNS name dtype scope TL) (NEG Term)
            (BIN op Term Term) (CALL func TL) (CMP op Term Term) (BOOL op Term Term) (NOT Term)
@@ -44,29 +45,13 @@ from egglog import bindings as B
 
 from ..leir import ast as A
 from ..leir.fileformat import LeirModule
-from .patterns import float_key, sx_str
+from .codec import BINARY, Encoder, SCHEMA_DECLS, UNARY, decode_term, sx_str
 
 # ---------------------------------------------------------------------------
 # Schema and analyses
 # ---------------------------------------------------------------------------
 
-SCHEMA = """
-(sort Term) (sort TL) (sort Lp) (sort LL)
-(constructor TNil () TL)
-(constructor TCons (Term TL) TL)
-(constructor INT (i64) Term)
-(constructor FLT (String) Term)
-(constructor IDX (String) Term)
-(constructor TNS (String String String TL) Term)
-(constructor NEG (Term) Term)
-(constructor NOT (Term) Term)
-(constructor BIN (String Term Term) Term)
-(constructor CMP (String Term Term) Term)
-(constructor BOOL (String Term Term) Term)
-(constructor CALL (String TL) Term)
-(constructor LOOP (String i64 String) Lp)
-(constructor LNil () LL)
-(constructor LCons (Lp LL) LL)
+SCHEMA = "\n" + SCHEMA_DECLS + """
 (sort StrSet (Set String))
 
 (relation nest (i64))
@@ -92,8 +77,7 @@ SCHEMA = """
 (ruleset fin)
 """
 
-_UN = ("NEG", "NOT")
-_BI = ("BIN", "CMP", "BOOL")
+_UN, _BI = UNARY, BINARY
 
 ANALYSIS = (
     """
@@ -509,62 +493,6 @@ class ProgramIndex:
         return self.nest_paths.index(tuple(path))
 
 
-class Encoder:
-    """AST -> egglog s-expression text (memoised per node)."""
-
-    def __init__(self):
-        self.memo: dict[Any, str] = {}
-
-    def term(self, e: A.Expr) -> str:
-        """s-expression of an expression (memoised)."""
-        s = self.memo.get(e)
-        if s is not None:
-            return s
-        if isinstance(e, A.Int):
-            s = f"(INT {e.value})"
-        elif isinstance(e, A.Float):
-            s = f"(FLT {sx_str(float_key(e.value))})"
-        elif isinstance(e, A.Index):
-            s = f"(IDX {sx_str(e.name)})"
-        elif isinstance(e, A.Tensor):
-            s = f"(TNS {sx_str(e.name)} {sx_str(e.dtype)} {sx_str(e.scope)} {self.tlist(e.indices)})"
-        elif isinstance(e, A.Neg):
-            s = f"(NEG {self.term(e.operand)})"
-        elif isinstance(e, A.Not):
-            s = f"(NOT {self.term(e.operand)})"
-        elif isinstance(e, A.BinOp):
-            s = f"(BIN {sx_str(e.op)} {self.term(e.lhs)} {self.term(e.rhs)})"
-        elif isinstance(e, A.Compare):
-            s = f"(CMP {sx_str(e.op)} {self.term(e.lhs)} {self.term(e.rhs)})"
-        elif isinstance(e, A.BoolOp):
-            s = f"(BOOL {sx_str(e.op)} {self.term(e.lhs)} {self.term(e.rhs)})"
-        elif isinstance(e, A.Call):
-            s = f"(CALL {sx_str(e.func)} {self.tlist(e.args)})"
-        else:
-            raise TypeError(f"not a LEIR expression: {e!r}")
-        self.memo[e] = s
-        return s
-
-    def tlist(self, items) -> str:
-        """s-expression of a subscript / argument list."""
-        out = "(TNil)"
-        for it in reversed(items):
-            out = f"(TCons {self.term(it)} {out})"
-        return out
-
-    @staticmethod
-    def loop(l: A.Loop) -> str:
-        """s-expression of a loop descriptor."""
-        return f"(LOOP {sx_str(l.kind)} {l.extent} {sx_str(l.var)})"
-
-    def loops(self, loops) -> str:
-        """s-expression of a loop list."""
-        out = "(LNil)"
-        for l in reversed(loops):
-            out = f"(LCons {self.loop(l)} {out})"
-        return out
-
-
 def proper_divisors(n: int) -> list[int]:
     """Divisors ``f`` of ``n`` with ``1 < f < n``, ascending."""
     small, large = [], []
@@ -624,60 +552,8 @@ def program_facts(module: LeirModule, ix: ProgramIndex) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# egglog results -> Python values
+# An e-graph session (results decoded by steptp.engine.codec.decode_term)
 # ---------------------------------------------------------------------------
-
-
-def _lit(t):
-    return t.value.value
-
-
-def decode_term(td, tid: int, memo: dict):
-    """TermDag node -> AST (Term), tuple (TL/LL), A.Loop (Lp) or a Python literal."""
-    r = memo.get(tid)
-    if r is not None:
-        return r
-    t = td.get(tid)
-    if isinstance(t, B.TermLit):
-        r = _lit(t)
-    else:
-        nm, args = t.name, t.args
-
-        def g(k):
-            return decode_term(td, args[k], memo)
-
-        if nm == "INT":
-            r = A.Int(g(0))
-        elif nm == "FLT":
-            r = A.Float(float(g(0)))
-        elif nm == "IDX":
-            r = A.Index(g(0))
-        elif nm == "TNS":
-            r = A.Tensor(g(0), g(1), g(2), g(3))
-        elif nm == "NEG":
-            r = A.Neg(g(0))
-        elif nm == "NOT":
-            r = A.Not(g(0))
-        elif nm == "BIN":
-            r = A.BinOp(g(0), g(1), g(2))
-        elif nm == "CMP":
-            r = A.Compare(g(0), g(1), g(2))
-        elif nm == "BOOL":
-            r = A.BoolOp(g(0), g(1), g(2))
-        elif nm == "CALL":
-            r = A.Call(g(0), g(1))
-        elif nm in ("TNil", "LNil"):
-            r = ()
-        elif nm in ("TCons", "LCons"):
-            r = (g(0),) + g(1)
-        elif nm == "LOOP":
-            r = A.Loop(g(0), g(1), g(2))
-        elif nm in ("set-of", "set-empty"):
-            r = frozenset(g(k) for k in range(len(args)))
-        else:
-            raise TypeError(f"unexpected egglog term {nm}")
-    memo[tid] = r
-    return r
 
 
 class EggSession:

@@ -12,11 +12,14 @@ any piece may be replaced by a metavariable ``?name``:
 * in templates (rewrite right-hand sides) an extent may be integer arithmetic over
   metavariables, e.g. ``?k^{?n/?f}_{?io=0}``.
 
-Patterns are parsed into the LEIR AST (:mod:`steptp.leir.ast`) with :class:`PVar` holes,
-so the same objects serve three purposes:
+Patterns are parsed by the LEIR grammar itself: ``steptp/leir/pattern.lark`` imports
+``grammar.lark`` and extends it with metavariables, wildcards and splices (through
+:func:`steptp.leir.parser.parse_rule_text`; there is no second parser). They become the
+LEIR AST (:mod:`steptp.leir.ast`) with :class:`PVar` holes, so the same objects serve
+three purposes:
 
-* :func:`to_sexp` compiles a pattern to an egglog query term (see
-  :mod:`steptp.engine.egraph` for the encoding; egglog-notes Q6);
+* :func:`to_sexp` compiles a pattern to an egglog query term with the constructor table
+  of :mod:`steptp.engine.codec` (the one AST <-> egglog codec; egglog-notes Q6);
 * :func:`instantiate` fills a template with bindings and returns a plain AST;
 * :func:`match_node` matches a pattern against an AST in Python (used by generic
   primitives such as ``replace_all`` and to cross-check the egglog matcher).
@@ -30,13 +33,17 @@ metavariable in a value position stands for the integer literal.
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from lark import Token, Transformer, v_args
+
 from ..leir import ast as A
+from ..leir.parser import LeirSyntaxError, LeirToAst, SemanticError, parse_rule_text
+from .codec import BY_NODE, Encoder, cons_list, float_key, sx_str
 
 
 class PatternError(ValueError):
@@ -71,7 +78,7 @@ LIST = "TL"
 
 
 # ---------------------------------------------------------------------------
-# Tokenizer
+# Parsing: pattern.lark (grammar.lark extended with metavariables) via steptp.leir.parser
 # ---------------------------------------------------------------------------
 
 _TOKEN_RE = re.compile(r"""
@@ -88,13 +95,19 @@ _TOKEN_RE = re.compile(r"""
 
 @dataclass(frozen=True)
 class Tok:
-    kind: str  # float int mvar name word str op eof
+    """One token of :func:`tokenize` (``kind``: float int mvar name word str op eof)."""
+
+    kind: str
     text: str
     pos: int
 
 
 def tokenize(src: str) -> list[Tok]:
-    """Split pattern text into tokens; raises :class:`PatternError` on a stray character."""
+    """Split the text of a ``where:`` clause into tokens for the clause compiler of
+    :mod:`steptp.engine.match` (patterns themselves are parsed by the grammar, see
+    :func:`parse_expr_pattern`). The token classes are those of ``pattern.lark``
+    (metavariables, names, words, numbers, quoted strings, operators). Raises
+    :class:`PatternError` on a character no token starts with."""
     out: list[Tok] = []
     pos = 0
     while pos < len(src):
@@ -109,347 +122,187 @@ def tokenize(src: str) -> list[Tok]:
     return out
 
 
-_CMP = {"<", "<=", ">", ">=", "==", "!="}
-_LOOP_KINDS = set(A.LOOP_KINDS)
+def _slot(tok):
+    """A name slot (tensor name, dtype, scope, loop kind or index): a metavariable token
+    becomes a :class:`PVar`, a wildcard stays one, any other token its text."""
+    if isinstance(tok, Token):
+        return PVar(tok[1:]) if tok.type == "PVAR" else str(tok)
+    return tok
 
 
-class _Parser:
-    """Recursive-descent parser mirroring ``grammar.lark`` precedence, with metavariables."""
+@v_args(inline=True)
+class _PatternToAst(LeirToAst):
+    """lark tree of ``pattern.lark`` -> LEIR AST with :class:`PVar` / :class:`PSplice`
+    holes. Wildcards (``_`` for a dtype or scope, the dtype and scope of a tensor written
+    without them) are numbered ``<wild>1, <wild>2, ...`` in text order, those of a tensor
+    without superscript after its subscript."""
 
-    def __init__(self, src: str, wild: str = "_w"):
-        self.src = src
-        self.toks = tokenize(src)
-        self.k = 0
-        self.n_wild = 0
-        self.wild = wild
-
-    # -- helpers ---------------------------------------------------------
-    def peek(self, off: int = 0) -> Tok:
-        return self.toks[min(self.k + off, len(self.toks) - 1)]
-
-    def next(self) -> Tok:
-        t = self.toks[self.k]
-        self.k += 1
-        return t
-
-    def at(self, text: str, off: int = 0) -> bool:
-        t = self.peek(off)
-        return t.kind == "op" and t.text == text
-
-    def expect(self, text: str) -> Tok:
-        t = self.next()
-        if not (t.kind == "op" and t.text == text):
-            self.error(t, f"expected {text!r}")
-        return t
-
-    def error(self, t: Tok, msg: str):
-        got = "end of input" if t.kind == "eof" else repr(t.text)
-        raise PatternError(f"{msg}, got {got} at column {t.pos + 1} in {self.src!r}")
+    def __init__(self, wild: str):
+        super().__init__()
+        self.prefix, self.n_wild = wild, 0
 
     def wildcard(self) -> PVar:
         self.n_wild += 1
-        return PVar(f"{self.wild}{self.n_wild}")
+        return PVar(f"{self.prefix}{self.n_wild}")
 
-    def at_splice(self) -> bool:
-        """True at a list splice ``*?name``."""
-        return self.at("*") and self.peek(1).kind == "mvar"
+    def pattern_expr(self, e):
+        return e
 
-    def splice(self) -> PSplice:
-        self.next()
-        return PSplice(self.next().text[1:])
+    def pattern_loops(self, loops):
+        if not loops:
+            raise SemanticError("expected a loop descriptor", None)
+        return loops
 
-    def sub_item(self):
-        """One subscript entry: an expression or a splice ``*?S``."""
-        return self.splice() if self.at_splice() else self.expr()
+    def pattern_equation(self, eq, *_semicolon):
+        return eq
 
-    def done(self):
-        if self.peek().kind != "eof":
-            self.error(self.peek(), "unexpected trailing input")
+    pattern_nest = pattern_item = pattern_equation
 
-    # -- expressions -----------------------------------------------------
-    def expr(self):
-        return self.or_()
+    def pvar(self, tok):
+        return PVar(tok[1:])
 
-    def or_(self):
-        a = self.and_()
-        while (self.peek().kind == "op" and self.peek().text in ("|", "||")) or \
-                (self.peek().kind == "word" and self.peek().text == "or"):
-            self.next()
-            a = A.BoolOp("or", a, self.and_())
-        return a
+    def pvar_equation(self, tok, value):
+        return A.Assign(PVar(tok[1:]), value)
 
-    def and_(self):
-        a = self.cmp()
-        while (self.peek().kind == "op" and self.peek().text in ("&", "&&")) or \
-                (self.peek().kind == "word" and self.peek().text == "and"):
-            self.next()
-            a = A.BoolOp("and", a, self.cmp())
-        return a
+    def wild(self):
+        return self.wildcard()
 
-    def cmp(self):
-        first = self.sum()
-        operands, ops = [first], []
-        while self.peek().kind == "op" and self.peek().text in _CMP:
-            ops.append(self.next().text)
-            operands.append(self.sum())
-        if not ops:
-            return first
-        result = None
-        for i, op in enumerate(ops):
-            c = A.Compare(op, operands[i], operands[i + 1])
-            result = c if result is None else A.BoolOp("and", result, c)
-        return result
+    def t_sup(self, dtype, scope):
+        return ("sup", _slot(dtype), _slot(scope))
 
-    def sum(self):
-        a = self.product()
-        while self.at("+") or self.at("-"):
-            op = self.next().text
-            a = A.BinOp(op, a, self.product())
-        return a
+    def t_sub(self, *entries):
+        return ("sub", tuple(entries))
 
-    def product(self):
-        a = self.unary()
-        while self.peek().kind == "op" and self.peek().text in ("*", "/", "//", "%"):
-            op = self.next().text
-            a = A.BinOp(op, a, self.unary())
-        return a
+    def ptensor(self, name, *parts):
+        got = dict((p[0], p[1:]) for p in parts)
+        dtype, scope = got["sup"] if "sup" in got else (self.wildcard(), self.wildcard())
+        return A.Tensor(_slot(name), dtype, scope, got["sub"][0] if "sub" in got else ())
 
-    def unary(self):
-        if self.at("-"):
-            self.next()
-            return A.Neg(self.unary())
-        if self.at("!"):
-            self.next()
-            return A.Not(self.unary())
-        return self.power()
+    def splice(self, tok):
+        return PSplice(tok[1:])
 
-    def power(self):
-        a = self.atom()
-        if self.at("**"):
-            self.next()
-            return A.BinOp("**", a, self.unary())
-        return a
+    def index(self, tok):
+        if tok in ("and", "or"):  # a boolean word where a value must stand
+            raise SemanticError(f"unexpected keyword {str(tok)!r}", tok)
+        return A.Index(str(tok))
 
-    def atom(self):
-        t = self.peek()
-        if t.kind == "int":
-            self.next()
-            return A.Int(int(t.text))
-        if t.kind == "float":
-            self.next()
-            return A.Float(float(t.text))
-        if self.at("("):
-            self.next()
-            e = self.expr()
-            self.expect(")")
-            return e
-        if t.kind == "word":
-            self.next()
-            if t.text == "inf":
-                return A.Float(math.inf)
-            if self.at("("):
-                name = "if_then_else" if t.text == "ifthenelse" else t.text
-                if name not in A.FUNCTIONS:
-                    self.error(t, "unknown function")
-                self.next()
-                args = [self.expr()]
-                while self.at(","):
-                    self.next()
-                    args.append(self.expr())
-                self.expect(")")
-                if len(args) != A.FUNCTIONS[name]:
-                    self.error(t, f"{name} takes {A.FUNCTIONS[name]} argument(s), not {len(args)}")
-                return A.Call(name, tuple(args))
-            if t.text in ("and", "or"):
-                self.error(t, "unexpected keyword")
-            return A.Index(t.text)
-        if t.kind in ("name", "mvar"):
-            if self.at("^", 1) or self.at("_", 1):
-                return self.tensor()
-            self.next()
-            if t.kind == "mvar":
-                return PVar(t.text[1:])
-            # bare tensor name: scalar access of any dtype/scope
-            return A.Tensor(t.text, self.wildcard(), self.wildcard(), ())
-        self.error(t, "expected an expression")
+    def loops(self, *items):
+        return tuple(items)
 
-    def _meta_or_word(self, what: str):
-        t = self.next()
-        if t.kind == "mvar":
-            return PVar(t.text[1:])
-        if t.kind == "op" and t.text == "_":
-            return self.wildcard()
-        if t.kind in ("word", "name", "int"):
-            return t.text
-        self.error(t, f"expected {what}")
+    def extent(self, e):
+        return e.value if isinstance(e, A.Int) else e
 
-    def tensor(self):
-        t = self.next()
-        name = PVar(t.text[1:]) if t.kind == "mvar" else t.text
-        dtype = scope = None
-        indices: tuple = ()
-        seen_sub = False
-        for _ in range(2):
-            if self.at("^") and dtype is None:
-                self.next()
-                self.expect("{")
-                dtype = self._meta_or_word("a dtype")
-                self.expect(",")
-                scope = self._meta_or_word("a scope")
-                self.expect("}")
-            elif self.at("_") and not seen_sub:
-                self.next()
-                self.expect("{")
-                items = [self.sub_entry()]
-                while self.at(","):
-                    self.next()
-                    items.append(self.sub_entry())
-                self.expect("}")
-                indices = tuple(items)
-                seen_sub = True
-        if dtype is None:
-            dtype, scope = self.wildcard(), self.wildcard()
-        return A.Tensor(name, dtype, scope, indices)
+    def ploop_sup_first(self, kind, extent, var, start):
+        return self._pattern_loop(kind, extent, var, start)
 
-    def at_splice(self) -> bool:
-        """True at ``*?name`` (a list metavariable)."""
-        return self.at("*") and self.peek(1).kind == "mvar"
+    def ploop_sub_first(self, kind, var, start, extent):
+        return self._pattern_loop(kind, extent, var, start)
 
-    def splice(self) -> "PSplice":
-        self.next()
-        return PSplice(self.next().text[1:])
+    @staticmethod
+    def _pattern_loop(kind, extent, var, start):
+        if str(start) != "0":
+            raise SemanticError("loop lower bound must be 0", start)
+        return A.Loop(_slot(kind), extent, _slot(var))
 
-    def sub_entry(self):
-        """One subscript entry: an index expression or a list splice ``*?s``."""
-        return self.splice() if self.at_splice() else self.expr()
 
-    # -- loops, equations, nests ------------------------------------------
-    def at_loop(self) -> bool:
-        """True when the next tokens start a loop descriptor (not a tensor access)."""
-        if self.at_splice():
-            return True
-        t = self.peek()
-        if not (t.kind == "mvar" or (t.kind == "name" and t.text in _LOOP_KINDS)):
-            return False
-        if self.at("^", 1) and self.at("{", 2):
-            return not self._braces_have_comma(2)
-        if self.at("_", 1) and self.at("{", 2):
-            return self.at("=", 4)
-        return False
+@v_args(inline=True)
+class _ValueToTree(Transformer):
+    """lark tree of the ``value`` rule -> the nested tuples of :func:`domains.parse_value`."""
 
-    def _braces_have_comma(self, off: int) -> bool:
-        # a tensor superscript is {dtype,scope}; a loop superscript {extent} has no comma
-        depth, i = 0, off
-        while True:
-            t = self.peek(i)
-            if t.kind == "eof":
-                return False
-            if t.kind == "op" and t.text == "{":
-                depth += 1
-            elif t.kind == "op" and t.text == "}":
-                depth -= 1
-                if depth == 0:
-                    return False
-            elif t.kind == "op" and t.text == "," and depth == 1:
-                return True
-            i += 1
+    def value(self, e):
+        return e
 
-    def loop(self):
-        t = self.next()
-        kind = PVar(t.text[1:]) if t.kind == "mvar" else t.text
-        extent = var = None
-        for _ in range(2):
-            if self.at("^") and extent is None:
-                self.next()
-                self.expect("{")
-                extent = self.sum()
-                self.expect("}")
-            elif self.at("_") and var is None:
-                self.next()
-                self.expect("{")
-                v = self.next()
-                if v.kind == "mvar":
-                    var = PVar(v.text[1:])
-                elif v.kind == "word":
-                    var = v.text
-                else:
-                    self.error(v, "expected a loop index name")
-                self.expect("=")
-                z = self.next()
-                if z.kind != "int" or z.text != "0":
-                    self.error(z, "loop lower bound must be 0")
-                self.expect("}")
-        if extent is None or var is None:
-            self.error(self.peek(), "a loop needs ^{extent} and _{index=0}")
-        if isinstance(extent, A.Int):
-            extent = extent.value
-        return A.Loop(kind, extent, var)
+    def v_orop(self, a, _op, b):
+        return ("or", a, b)
 
-    def loops(self) -> tuple:
-        out = []
-        while self.at_loop() or self.at_splice():
-            out.append(self.splice() if self.at_splice() else self.loop())
-        return tuple(out)
+    def v_andop(self, a, _op, b):
+        return ("and", a, b)
 
-    def equation(self):
-        target = self.atom()
-        if not isinstance(target, (A.Tensor, PVar)):
-            self.error(self.peek(), "an equation must start with a tensor")
-        self.expect("=")
-        return A.Assign(target, self.expr())
+    def v_not(self, _op, a):
+        return ("not", a)
 
-    def nest(self):
-        loops = self.loops()
-        self.expect("[")
-        body = []
-        while not self.at("]"):
-            if self.at_loop() or self.at("[") or self.at_splice():
-                body.append(self.nest())
-            else:
-                body.append(self.equation())
-                self.expect(";")
-        self.expect("]")
-        if self.at_loop() or self.at_splice():  # correction form LOOPS1[..]LOOPS2[..];
-            body.append(self.nest())
-            return A.Nest(loops, tuple(body))
-        self.expect(";")
-        return A.Nest(loops, tuple(body))
+    def v_cmp(self, a, op, b):
+        return ("cmp", str(op), a, b)
+
+    def v_int(self, t):
+        return ("lit", int(t))
+
+    def v_var(self, t):
+        return ("var", t[1:])
+
+    def v_str(self, t):
+        return ("lit", t[1:-1])
+
+    def v_word(self, t):
+        return ("lit", str(t))
+
+    def v_neg(self, a):
+        return ("op", "-", ("lit", 0), a)
+
+    def v_call(self, name, *args):
+        return ("call", str(name), [a for a in args if a is not None])
+
+
+for _op, _name in (("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "div"), ("//", "floordiv"), ("%", "mod")):
+    setattr(_ValueToTree, "v_" + _name, v_args(inline=True)(lambda self, a, b, _op=_op: ("op", _op, a, b)))
+
+
+def _parse(src: str, start: str, transformer):
+    """Parse ``src`` with the entry rule ``start`` of ``pattern.lark``; a syntax error is a
+    :class:`PatternError` naming line, column and the expected tokens."""
+    try:
+        return parse_rule_text(src, start, transformer)
+    except LeirSyntaxError as e:
+        expected = f"; expected {' or '.join(e.expected)}" if e.expected else ""
+        raise PatternError(f"{e.reason}{expected} at line {e.line}, column {e.column} in {src!r}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_pattern(src: str, start: str, wild: str):
+    return _parse(src, start, _PatternToAst(wild))
 
 
 def parse_expr_pattern(src: str, wild: str = "_w"):
-    """Parse a value pattern / template, e.g. ``log(?a*?b)``."""
-    p = _Parser(src, wild)
-    e = p.expr()
-    p.done()
-    return e
+    """Parse a value pattern / template, e.g. ``log(?a*?b)`` (entry rule ``pattern_expr``
+    of ``steptp/leir/pattern.lark``). ``wild`` prefixes the names of wildcards. Raises
+    :class:`PatternError` naming line and column. The result is immutable and cached."""
+    return _parse_pattern(src, "pattern_expr", wild)
 
 
 def parse_loops_pattern(src: str, wild: str = "_w") -> tuple:
-    """Parse a sequence of loop descriptors, e.g. ``?k^{?n/?f}_{?io=0}L^{?f}_{?ii=0}``."""
-    p = _Parser(src, wild)
-    ls = p.loops()
-    if not ls:
-        p.error(p.peek(), "expected a loop descriptor")
-    p.done()
-    return ls
+    """Parse a sequence of loop descriptors and loop splices, e.g.
+    ``?k^{?n/?f}_{?io=0}L^{?f}_{?ii=0}`` or ``*?pre L^{4}_{?i=0} *?post`` (entry rule
+    ``pattern_loops``); at least one. Raises :class:`PatternError`."""
+    return _parse_pattern(src, "pattern_loops", wild)
 
 
 def parse_equation_pattern(src: str, wild: str = "_w"):
-    """Parse an equation pattern ``?X_{..}=...`` (a trailing ``;`` is allowed)."""
-    p = _Parser(src, wild)
-    eq = p.equation()
-    if p.at(";"):
-        p.next()
-    p.done()
-    return eq
+    """Parse an equation pattern ``?X_{..}=...`` (a trailing ``;`` is allowed; entry rule
+    ``pattern_equation``). Raises :class:`PatternError`."""
+    return _parse_pattern(src, "pattern_equation", wild)
 
 
 def parse_nest_pattern(src: str, wild: str = "_w"):
-    """Parse a nest template ``LOOPS[eq;eq;];``."""
-    p = _Parser(src, wild)
-    n = p.nest()
-    p.done()
-    return n
+    """Parse a nest template ``LOOPS[eq;eq;];`` (correction form included; entry rule
+    ``pattern_nest``). Raises :class:`PatternError`."""
+    return _parse_pattern(src, "pattern_nest", wild)
+
+
+def parse_item_template(text: str):
+    """Parse a body-item template: a nest (``LOOPS[...];``, ``*?L[...];``) or an equation
+    (``?X_{..}=...``, ``;`` optional); entry rule ``pattern_item``. Raises
+    :class:`PatternError`."""
+    return _parse_pattern(text, "pattern_item", "_w")
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_value_tree(src: str):
+    """Parse a value expression of the rule language (``?n/?f``, ``loops_of(?N)``, ``3``,
+    ``"s"``, bare words as string literals, one comparison, ``not``/``and``/``or``; entry
+    rule ``value`` of ``pattern.lark``) into nested tuples ``("lit", v)``, ``("var", n)``,
+    ``("op", o, a, b)``, ``("call", f, [args])``, ``("cmp", o, a, b)``, ``("and"|"or", a,
+    b)``, ``("not", a)``. Raises :class:`PatternError`; cached per text."""
+    return _parse(src, "value", _ValueToTree())
 
 
 # ---------------------------------------------------------------------------
@@ -570,18 +423,8 @@ def metavars(p) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# egglog compilation (query side)
+# egglog compilation (query side): the codec's encoder with metavariable holes
 # ---------------------------------------------------------------------------
-
-
-def sx_str(s: str) -> str:
-    """egglog string literal."""
-    return json.dumps(s)
-
-
-def float_key(v: float) -> str:
-    """Canonical text of a float literal as stored in the e-graph (``repr``)."""
-    return repr(float(v))
 
 
 def qvar(name: str) -> str:
@@ -589,97 +432,86 @@ def qvar(name: str) -> str:
     return "mv_" + name
 
 
+#: ``list_sexp(items, tail)``: the codec's cons list of compiled items (``tail``: a ``TL``
+#: query variable for a trailing splice).
+list_sexp = cons_list
+
 _AUX = iter(range(1, 1 << 62))
 
 
+class _QueryEncoder(Encoder):
+    """The codec's encoder with holes: metavariables become query variables by their sort
+    (``sorts``), a subscript splice ``*?s`` binds the rest of a list (entries after it are
+    matched from the end with ``tl_last`` atoms appended to ``aux``)."""
+
+    def __init__(self, sorts: dict[str, str], aux: list | None):
+        super().__init__(memo=False)
+        self.sorts, self.aux = sorts, aux
+
+    def term(self, p) -> str:
+        if isinstance(p, PVar):
+            s = self.sorts.get(p.name, TERM)
+            if s == STRING:
+                return f"(IDX {qvar(p.name)})"
+            if s == INT:
+                return f"(INT {qvar(p.name)})"
+            if s == LIST:
+                raise PatternError(f"?{p.name} is a subscript list: write *?{p.name} inside a subscript")
+            return qvar(p.name)
+        if isinstance(p, PSplice):
+            raise PatternError(f"*?{p.name} may only stand for subscript entries")
+        c = BY_NODE.get(type(p))
+        if c is None or c.sort != "Term":
+            raise PatternError(f"cannot compile {p!r} to egglog")
+        return super().term(p)
+
+    def field(self, v, kind: str) -> str:
+        if isinstance(v, PVar) and kind in ("String", "i64"):
+            return qvar(v.name)
+        return super().field(v, kind)
+
+    def subscript(self, indices) -> str:
+        """egglog list of a subscript pattern; at most one splice ``*?s``."""
+        spl = [k for k, x in enumerate(indices) if isinstance(x, PSplice)]
+        if not spl:
+            return super().subscript(indices)
+        if len(spl) > 1:
+            raise PatternError("a subscript pattern may contain one list splice *?name")
+        k = spl[0]
+        head, after = indices[:k], indices[k + 1:]
+        rest = qvar(indices[k].name)
+        if after:
+            if self.aux is None:
+                raise PatternError(f"entries after *?{indices[k].name} are not supported here")
+            whole = f"anon_tl{next(_AUX)}"
+            cur = whole
+            for j, y in enumerate(reversed(after)):
+                nxt = rest if j == len(after) - 1 else f"anon_tl{next(_AUX)}"
+                self.aux.append(f"(tl_last {cur} {nxt} {self.term(y)})")
+                cur = nxt
+            rest = whole
+        out = rest
+        for it in reversed(head):
+            out = f"(TCons {self.term(it)} {out})"
+        return out
+
+
 def to_sexp(p, sorts: dict[str, str], aux: list | None = None) -> str:
-    """Compile a value/tensor pattern to an egglog term with query variables.
-
-    The encoding is the one of :mod:`steptp.engine.egraph` (``INT FLT IDX TNS NEG BIN
-    CALL CMP BOOL NOT`` over ``TL`` cons lists). A subscript splice ``*?s`` binds the rest
-    of the list; entries after it (``?F_{*?s,?a-1}``) are matched from the end with the
-    ``tl_last`` relation, whose atoms are appended to ``aux`` (required then).
-    """
-    if isinstance(p, PVar):
-        s = sorts.get(p.name, TERM)
-        if s == STRING:
-            return f"(IDX {qvar(p.name)})"
-        if s == INT:
-            return f"(INT {qvar(p.name)})"
-        if s == LIST:
-            raise PatternError(f"?{p.name} is a subscript list: write *?{p.name} inside a subscript")
-        return qvar(p.name)
-    if isinstance(p, A.Int):
-        return f"(INT {p.value})"
-    if isinstance(p, A.Float):
-        return f"(FLT {sx_str(float_key(p.value))})"
-    if isinstance(p, A.Index):
-        return f"(IDX {sx_str(p.name)})"
-    if isinstance(p, A.Tensor):
-        return (f"(TNS {_str_slot(p.name)} {_str_slot(p.dtype)} {_str_slot(p.scope)} "
-                f"{_subscript_sexp(p.indices, sorts, aux)})")
-    if isinstance(p, A.Neg):
-        return f"(NEG {to_sexp(p.operand, sorts, aux)})"
-    if isinstance(p, A.Not):
-        return f"(NOT {to_sexp(p.operand, sorts, aux)})"
-    if isinstance(p, A.BinOp):
-        return f"(BIN {sx_str(p.op)} {to_sexp(p.lhs, sorts, aux)} {to_sexp(p.rhs, sorts, aux)})"
-    if isinstance(p, A.Compare):
-        return f"(CMP {sx_str(p.op)} {to_sexp(p.lhs, sorts, aux)} {to_sexp(p.rhs, sorts, aux)})"
-    if isinstance(p, A.BoolOp):
-        return f"(BOOL {sx_str(p.op)} {to_sexp(p.lhs, sorts, aux)} {to_sexp(p.rhs, sorts, aux)})"
-    if isinstance(p, A.Call):
-        return f"(CALL {sx_str(p.func)} {list_sexp([to_sexp(a, sorts, aux) for a in p.args])})"
-    if isinstance(p, PSplice):
-        raise PatternError(f"*?{p.name} may only stand for subscript entries")
-    raise PatternError(f"cannot compile {p!r} to egglog")
-
-
-def _subscript_sexp(indices: tuple, sorts: dict[str, str], aux: list | None) -> str:
-    """egglog list of a subscript pattern; at most one splice ``*?s``."""
-    spl = [k for k, x in enumerate(indices) if isinstance(x, PSplice)]
-    if not spl:
-        return list_sexp([to_sexp(i, sorts, aux) for i in indices])
-    if len(spl) > 1:
-        raise PatternError("a subscript pattern may contain one list splice *?name")
-    k = spl[0]
-    head, after = indices[:k], indices[k + 1:]
-    rest = qvar(indices[k].name)
-    if after:
-        if aux is None:
-            raise PatternError(f"entries after *?{indices[k].name} are not supported here")
-        whole = f"anon_tl{next(_AUX)}"
-        cur = whole
-        for j, y in enumerate(reversed(after)):
-            nxt = rest if j == len(after) - 1 else f"anon_tl{next(_AUX)}"
-            aux.append(f"(tl_last {cur} {nxt} {to_sexp(y, sorts, aux)})")
-            cur = nxt
-        rest = whole
-    out = rest
-    for it in reversed(head):
-        out = f"(TCons {to_sexp(it, sorts, aux)} {out})"
-    return out
+    """Compile a value/tensor pattern to an egglog term with query variables, by the
+    constructor table of :mod:`steptp.engine.codec` (``INT FLT IDX TNS NEG BIN CALL CMP
+    BOOL NOT`` over ``TL`` cons lists). A subscript splice ``*?s`` binds the rest of the
+    list; entries after it (``?F_{*?s,?a-1}``) are matched from the end with the
+    ``tl_last`` relation, whose atoms are appended to ``aux`` (required then). Raises
+    :class:`PatternError` for what no query can express."""
+    return _QueryEncoder(sorts, aux).term(p)
 
 
 def loop_sexp(p: A.Loop) -> str:
-    """Compile a loop pattern ``(LOOP kind extent var)``."""
+    """Compile a loop pattern ``(LOOP kind extent var)``; raises :class:`PatternError`
+    when the extent is neither an integer nor a metavariable."""
     if not (isinstance(p.extent, (int, PVar))):
         raise PatternError("a loop pattern's extent must be an integer or a metavariable")
-    ext = qvar(p.extent.name) if isinstance(p.extent, PVar) else str(p.extent)
-    return f"(LOOP {_str_slot(p.kind)} {ext} {_str_slot(p.var)})"
-
-
-def _str_slot(x) -> str:
-    return qvar(x.name) if isinstance(x, PVar) else sx_str(str(x))
-
-
-def list_sexp(items: list[str], tail: str = "(TNil)") -> str:
-    """egglog cons list ``(TCons a (TCons b (TNil)))`` of compiled items (``tail``: a
-    ``TL`` query variable for a trailing splice)."""
-    out = tail
-    for it in reversed(items):
-        out = f"(TCons {it} {out})"
-    return out
+    return _QueryEncoder({}, None).loop(p)
 
 
 # ---------------------------------------------------------------------------
@@ -926,6 +758,7 @@ def _match(p, n, env, sorts) -> bool:
 __all__ = [
     "PatternError", "TemplateError", "PVar", "PSplice", "SUBS", "LOOPS", "LIST", "Tok", "tokenize",
     "parse_expr_pattern", "parse_loops_pattern", "parse_equation_pattern", "parse_nest_pattern",
+    "parse_item_template", "parse_value_tree",
     "TERM", "STRING", "INT", "metavar_sorts", "metavars", "iter_nodes",
     "sx_str", "float_key", "qvar", "to_sexp", "loop_sexp", "list_sexp",
     "value_to_expr", "eval_int", "instantiate", "match_node",

@@ -31,23 +31,9 @@ from __future__ import annotations
 from ..leir import ast as A
 from ..leir.printer import format_assign, format_expr, format_nest
 from . import patterns as P
+from .patterns import parse_item_template
 from .primitives import (_instantiate, Change, CreatedRef, EqRef, get_item, get_nest, iter_tensors, NestRef,
                          primitive, replace_item, replace_items, RewriteContext, RewriteError, term_rewriter)
-
-
-def parse_item_template(text: str):
-    """Parse a body-item template: a nest (``LOOPS[...];``, ``?L[...];``) or an equation
-    (``?X_{..}=...``). Raises :class:`~steptp.engine.patterns.PatternError`."""
-    p = P._Parser(text)
-    at_splice = p.at_splice
-    if p.at_loop() or p.at("[") or at_splice():
-        item = p.nest()
-    else:
-        item = p.equation()
-        if p.at(";"):
-            p.next()
-    p.done()
-    return item
 
 
 def _instantiate_item(ctx: RewriteContext, text: str):

@@ -4,6 +4,12 @@ The grammar is ``grammar.lark`` beside this file (LALR(1), contextual lexer). Bo
 sub/superscript orders are accepted (``B^{8}_{tx=0}`` and ``B_{tx=0}^{8}``), as is the
 "correction" form ``L1[x;]L2[y;];`` which means ``L1[x;L2[y;];];`` (reference-notes §1.1).
 Comparison chains ``1<=c<7`` become ``1<=c & c<7``.
+
+Rule text (patterns, templates and the value language of :mod:`steptp.engine.patterns`
+and :mod:`steptp.engine.domains`) is parsed by ``pattern.lark``, which imports this
+grammar and extends it (``%import`` / ``%extend`` / ``%override``): :func:`parse_rule_text`
+returns the tree of one of its entry rules (:data:`RULE_TEXT_STARTS`) transformed by the
+caller's :class:`LeirToAst` subclass, with the same errors as :func:`parse_program`.
 """
 
 from __future__ import annotations
@@ -50,6 +56,13 @@ _TERMINAL_TEXT = {
     "PERCENT": "'%'",
     "BANG": "'!'",
     "$END": "end of input",
+    # pattern.lark (rule patterns and values)
+    "PVAR": "a metavariable (?name)",
+    "WORD": "a word",
+    "STRING": "a quoted string",
+    "V_AND": "'and'",
+    "V_OR": "'or'",
+    "V_NOT": "'not'",
 }
 
 
@@ -82,9 +95,21 @@ def _lark() -> Lark:
                 maybe_placeholders=True)
 
 
-def _describe(names) -> list[str]:
+#: Entry rules of ``pattern.lark``: a value pattern, a loop list, an equation (``;``
+#: optional), a nest, a body item (nest or equation) and a value expression.
+RULE_TEXT_STARTS = ("pattern_expr", "pattern_loops", "pattern_equation", "pattern_nest", "pattern_item", "value")
+
+
+@lru_cache(maxsize=1)
+def _rule_lark() -> Lark:
+    return Lark.open_from_package(__package__, "pattern.lark", parser="lalr", lexer="contextual",
+                                  start=list(RULE_TEXT_STARTS), propagate_positions=False,
+                                  maybe_placeholders=True)
+
+
+def _describe(names, lark: Lark | None = None) -> list[str]:
     """Human-readable names for lark terminal names (anonymous ones by their literal)."""
-    literals = {t.name: t.pattern.value for t in _lark().terminals}
+    literals = {t.name: t.pattern.value for t in (lark or _lark()).terminals}
     out = set()
     for n in names:
         if n in _TERMINAL_TEXT:
@@ -108,7 +133,17 @@ def _chain_compare(items):
 
 
 @v_args(inline=True)
-class _ToAst(Transformer):
+class LeirToAst(Transformer):
+    """lark tree of ``grammar.lark`` -> :mod:`steptp.leir.ast` nodes. Subclasses add the
+    rules of grammar extensions; aliases of rules imported into another grammar
+    (``grammar__add``) reach the method of their plain name (``add``)."""
+
+    def __getattr__(self, name: str):
+        head, sep, plain = name.rpartition("__")
+        if sep and head and plain and not name.startswith("__") and hasattr(type(self), plain):
+            return getattr(self, plain)
+        raise AttributeError(name)
+
     def start(self, *nests):
         return A.Program(tuple(nests))
 
@@ -137,15 +172,15 @@ class _ToAst(Transformer):
     @staticmethod
     def _loop(kind, extent, var, start):
         if _int_value(start) != 0:
-            raise _SemanticError("loop lower bound must be 0", start)
+            raise SemanticError("loop lower bound must be 0", start)
         if kind == "B" and not (len(var) >= 2 and var[0] in "tb" and var[1] in "xyz"):
-            raise _SemanticError(
+            raise SemanticError(
                 f"bound loop index '{var}' must start with tx/ty/tz (threadIdx) or bx/by/bz (blockIdx)", var)
         n = _int_value(extent)
         if n <= 0:
-            raise _SemanticError("loop extent must be positive", extent)
+            raise SemanticError("loop extent must be positive", extent)
         if n > MAX_EXTENT:
-            raise _SemanticError(f"loop extent {n} exceeds the limit {MAX_EXTENT} (int32 loop variables)", extent)
+            raise SemanticError(f"loop extent {n} exceeds the limit {MAX_EXTENT} (int32 loop variables)", extent)
         return A.Loop(str(kind), n, str(var))
 
     def item(self, x):
@@ -215,11 +250,14 @@ class _ToAst(Transformer):
         name = "if_then_else" if str(fn) == "ifthenelse" else str(fn)
         arity = A.FUNCTIONS[name]
         if len(args) != arity:
-            raise _SemanticError(f"{name} takes {arity} argument(s), got {len(args)}", fn)
+            raise SemanticError(f"{name} takes {arity} argument(s), got {len(args)}", fn)
         return A.Call(name, tuple(args))
 
 
-class _SemanticError(Exception):
+class SemanticError(Exception):
+    """Raised by a :class:`LeirToAst` method for a slip the grammar cannot express (loop
+    start != 0, wrong arity, ...); reported as a :class:`LeirSyntaxError` at ``token``."""
+
     def __init__(self, message: str, token):
         super().__init__(message)
         self.message = message
@@ -232,7 +270,7 @@ def _int_value(tok) -> int:
     digits = str(tok).lstrip("0") or "0"
     if len(digits) > len(str(MAX_INT)) or int(digits) > MAX_INT:
         shown = digits if len(digits) <= 24 else f"{digits[:12]}...({len(digits)} digits)"
-        raise _SemanticError(f"integer literal {shown} exceeds the limit {MAX_INT}", tok)
+        raise SemanticError(f"integer literal {shown} exceeds the limit {MAX_INT}", tok)
     return int(digits)
 
 
@@ -248,13 +286,14 @@ def _first_token(tree):
     return None
 
 
-def _check_depth(tree) -> None:
+def _check_depth(tree, expr_at_root: bool = False) -> None:
     """Refuse trees nested deeper than the limits (iterative walk: no recursion here).
 
-    Expression depth counts every tree level inside an equation; nest depth counts nests
-    inside nests (the correction form included). Raises :class:`_SemanticError` at the
-    first token of the offending subtree."""
-    stack = [(tree, 0, 0)]
+    Expression depth counts every tree level inside an equation (from the root with
+    ``expr_at_root``: rule text may be a bare expression); nest depth counts nests inside
+    nests (the correction form included). Raises :class:`SemanticError` at the first token
+    of the offending subtree."""
+    stack = [(tree, 0, int(expr_at_root))]
     while stack:
         node, nests, expr = stack.pop()
         if not isinstance(node, Tree):
@@ -262,11 +301,11 @@ def _check_depth(tree) -> None:
         if node.data == "nest":
             nests += 1
             if nests > MAX_NEST_DEPTH:
-                raise _SemanticError(f"nests are nested more than {MAX_NEST_DEPTH} levels deep", _first_token(node))
+                raise SemanticError(f"nests are nested more than {MAX_NEST_DEPTH} levels deep", _first_token(node))
         elif node.data in ("equation",) or expr:
             expr += 1
             if expr > MAX_EXPR_DEPTH:
-                raise _SemanticError(f"expression nested more than {MAX_EXPR_DEPTH} levels deep",
+                raise SemanticError(f"expression nested more than {MAX_EXPR_DEPTH} levels deep",
                                      _first_token(node))
         for c in node.children:
             if isinstance(c, Tree):
@@ -282,6 +321,46 @@ def _context(text: str, line: int, column: int) -> str:
     return f"  {src}\n  {' ' * (column - 1)}^"
 
 
+def _parse(lark: Lark, text: str, source: str, transformer: Transformer, start: str | None = None,
+           depth_check: bool = False):
+    """Parse ``text`` with ``lark`` (entry rule ``start``) and transform the tree; every
+    lark error and :class:`SemanticError` becomes a :class:`LeirSyntaxError` naming
+    ``source``, line, column and (for syntax errors) the expected tokens."""
+    def error(message, line, col, expected=None):
+        return LeirSyntaxError(message, source, line, col, expected, _context(text, line, col))
+
+    def end_of_input():
+        lines = text.splitlines() or [""]
+        return len(lines), len(lines[-1]) + 1
+
+    try:
+        tree = lark.parse(text, start=start) if start else lark.parse(text)
+        if depth_check:
+            _check_depth(tree, expr_at_root=start is not None)
+        return transformer.transform(tree)
+    except (SemanticError, VisitError) as e:
+        inner = e.orig_exc if isinstance(e, VisitError) else e
+        if not isinstance(inner, SemanticError):
+            raise
+        line = getattr(inner.token, "line", 1) or 1
+        col = getattr(inner.token, "column", 1) or 1
+        raise error(inner.message, line, col) from None
+    except UnexpectedEOF as e:
+        raise error("unexpected end of input", *end_of_input(), _describe(e.expected, lark)) from None
+    except UnexpectedToken as e:
+        tok = e.token
+        if tok.type == "$END":
+            (line, col), msg = end_of_input(), "unexpected end of input"
+        else:
+            line, col, msg = e.line, e.column, f"unexpected {tok.value!r}"
+        raise error(msg, line, col, _describe(e.expected, lark)) from None
+    except UnexpectedCharacters as e:
+        raise error(f"unexpected character {text[e.pos_in_stream]!r}", e.line, e.column,
+                    _describe(e.allowed or [], lark)) from None
+    except UnexpectedInput as e:  # pragma: no cover - other lark error kinds
+        raise LeirSyntaxError(str(e), source, getattr(e, "line", 1), getattr(e, "column", 1)) from None
+
+
 def parse_program(text: str, source: str = "<string>") -> A.Program:
     """Parse LEIR text into a :class:`~steptp.leir.ast.Program`.
 
@@ -295,44 +374,25 @@ def parse_program(text: str, source: str = "<string>") -> A.Program:
     if len(text) > MAX_SOURCE_CHARS:
         raise LeirSyntaxError(f"program text of {len(text)} characters exceeds the limit {MAX_SOURCE_CHARS}",
                               source, 1, 1)
-    try:
-        tree = _lark().parse(text)
-        _check_depth(tree)
-        return _ToAst().transform(tree)
-    except _SemanticError as e:
-        tok = e.token
-        line = getattr(tok, "line", 1) or 1
-        col = getattr(tok, "column", 1) or 1
-        raise LeirSyntaxError(e.message, source, line, col, None, _context(text, line, col)) from None
-    except UnexpectedEOF as e:
-        lines = text.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
-        raise LeirSyntaxError("unexpected end of input", source, line, col,
-                              _describe(e.expected), _context(text, line, col)) from None
-    except UnexpectedToken as e:
-        tok = e.token
-        if tok.type == "$END":
-            lines = text.splitlines() or [""]
-            line, col = len(lines), len(lines[-1]) + 1
-            msg = "unexpected end of input"
-        else:
-            line, col = e.line, e.column
-            msg = f"unexpected {tok.value!r}"
-        raise LeirSyntaxError(msg, source, line, col, _describe(e.expected),
-                              _context(text, line, col)) from None
-    except UnexpectedCharacters as e:
-        raise LeirSyntaxError(f"unexpected character {text[e.pos_in_stream]!r}", source, e.line, e.column,
-                              _describe(e.allowed or []), _context(text, e.line, e.column)) from None
-    except UnexpectedInput as e:  # pragma: no cover - other lark error kinds
-        raise LeirSyntaxError(str(e), source, getattr(e, "line", 1), getattr(e, "column", 1)) from None
-    except VisitError as e:
-        inner = e.orig_exc
-        if isinstance(inner, _SemanticError):
-            tok = inner.token
-            line = getattr(tok, "line", 1) or 1
-            col = getattr(tok, "column", 1) or 1
-            raise LeirSyntaxError(inner.message, source, line, col, None, _context(text, line, col)) from None
-        raise
+    return _parse(_lark(), text, source, LeirToAst(), depth_check=True)
+
+
+def parse_rule_text(text: str, start: str, transformer: LeirToAst, source: str = "<string>"):
+    """Parse rule text (a pattern, template or value expression) with the entry rule
+    ``start`` of ``pattern.lark`` (one of :data:`RULE_TEXT_STARTS`; the grammar imports
+    and extends ``grammar.lark``) and return ``transformer.transform(tree)``.
+
+    Raises :class:`LeirSyntaxError` naming ``source``, line, column and the expected tokens
+    on malformed text, or at the token a :class:`SemanticError` raised by the transformer
+    names; ``ValueError`` for an unknown ``start``. Texts above
+    :data:`~steptp.leir.limits.MAX_SOURCE_CHARS` are refused like programs.
+    """
+    if start not in RULE_TEXT_STARTS:
+        raise ValueError(f"unknown entry rule {start!r}; known: {', '.join(RULE_TEXT_STARTS)}")
+    if len(text) > MAX_SOURCE_CHARS:
+        raise LeirSyntaxError(f"rule text of {len(text)} characters exceeds the limit {MAX_SOURCE_CHARS}",
+                              source, 1, 1)
+    return _parse(_rule_lark(), text, source, transformer, start, depth_check=True)
 
 
 def parse_expr(text: str, source: str = "<string>") -> A.Expr:
@@ -341,4 +401,5 @@ def parse_expr(text: str, source: str = "<string>") -> A.Expr:
     return prog.nests[0].body[0].value
 
 
-__all__ = ["LeirSyntaxError", "parse_program", "parse_expr"]
+__all__ = ["LeirSyntaxError", "SemanticError", "LeirToAst", "RULE_TEXT_STARTS", "parse_program", "parse_expr",
+           "parse_rule_text"]
