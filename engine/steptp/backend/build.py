@@ -125,7 +125,9 @@ def _load_linked(executable):
     base = os.path.join(d, f"k{_LOADED}")
     try:
         executable.mod.write_to_file(base + ".o")
-        r = subprocess.run([ld, "-shared", "-o", base + ".so", base + ".o"], capture_output=True, timeout=60)
+        # close_fds=False lets subprocess use posix_spawn: no fork of this (large) process
+        r = subprocess.run([ld, "-shared", "-o", base + ".so", base + ".o"], capture_output=True, timeout=60,
+                           close_fds=False)
         if r.returncode != 0:
             return None
         return _tvm().runtime.load_module(base + ".so")["main"]
