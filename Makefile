@@ -39,6 +39,7 @@ test: install
 
 bench: install
 	$(PY) benchmarks/bench_pipeline.py
+	$(PY) benchmarks/bench_costmodel.py
 
 bench-time: install
 	$(PY) benchmarks/bench_time.py

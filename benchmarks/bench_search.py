@@ -1,61 +1,122 @@
-"""Throughput of ``stp search``: samples/s and the time split (propose, verify, time).
+"""``stp search`` over algorithms x ranks: re-timed speedups, speedup vs PyTorch eager,
+samples/s and the time split (propose, verify, time, model).
 
-Runs one search per program (default: greedy + engine policy, 10 iterations, on
-examples/softmax.leir and examples/matmul.leir) and prints, per program and in total, the
-samples, the wall time, samples per second and the seconds spent proposing (rule matching
-and application in the engine worker), verifying (verify_pair against the root, 3 trials,
-worker process) and timing (steptp.runner.timing.measure). The rest of the wall time is
-start-up (rules, worker processes, root timing) and bookkeeping.
+Runs one search per (program, algorithm, rank) with the engine policy on the CPU (default:
+``greedy``, ``mcts``, ``chain-no-parent`` and ``evolutionary``, each with ``--rank random``,
+``cost`` and ``model``, 20 iterations, on ``benchmarks/search_programs``) and prints
 
-    python benchmarks/bench_search.py [PROGRAM...] [--algorithm greedy] [--iterations 10]
-        [--rank random|cost] [--seed 0] [--out DIR]
+* per search: samples, wall time, samples/s, seconds proposing (rule matching and
+  application in the engine worker), verifying (verify_pair against the root, worker
+  process), timing and in the cost model (scoring and online refits), the **re-timed**
+  speedup of ``summary.json`` (root and best timed again interleaved; 1 unless the 95 %
+  interval lies above 1), the best-sample speedup and ``speedup_vs_eager`` (PyTorch eager
+  on one thread over the best program; ``.py`` programs only);
+* per (algorithm, rank): median and geometric mean of the re-timed speedup and of
+  ``speedup_vs_eager``, mean samples and total wall time.
+
+``--rank model`` uses ``--model PATH`` (``stp costmodel train``) when given, else the model
+learns online from each search's own samples (the static model ranks until it has some).
+
+    python benchmarks/bench_search.py [PROGRAM...] [--algorithms greedy,mcts,chain-no-parent,evolutionary]
+        [--ranks random,cost,model] [--model MODEL.json] [--iterations 20] [--seed 0] [--out DIR] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ALGORITHMS = ("greedy", "mcts", "chain-no-parent", "evolutionary")
+RANKS = ("random", "cost", "model")
+
+
+def geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def _f(x, fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("programs", nargs="*", default=[str(ROOT / "examples" / "softmax.leir"),
-                                                     str(ROOT / "examples" / "matmul.leir")])
-    ap.add_argument("--algorithm", default="greedy")
-    ap.add_argument("--iterations", type=int, default=10)
-    ap.add_argument("--rank", default="random", choices=("random", "cost"))
+    ap.add_argument("programs", nargs="*", default=[str(ROOT / "benchmarks" / "search_programs")])
+    ap.add_argument("--algorithms", "--algorithm", default=",".join(ALGORITHMS),
+                    help="comma-separated (default: %(default)s)")
+    ap.add_argument("--ranks", "--rank", default=",".join(RANKS), help="comma-separated (default: %(default)s)")
+    ap.add_argument("--model", default=None, help="cost model file for --rank model (default: online only)")
+    ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="Output directory (default: a temporary one).")
+    ap.add_argument("--out", default=None, help="Output directory (default: a temporary one; resumable).")
+    ap.add_argument("--json", default=None, help="Also write every search's figures to this JSON file.")
     a = ap.parse_args(argv)
 
+    from steptp.search import ALGORITHMS as KNOWN
     from steptp.search import SearchConfig, search_program
+    from steptp.search.run import collect_programs
 
+    algs = [x for x in a.algorithms.split(",") if x]
+    ranks = [x for x in a.ranks.split(",") if x]
+    bad = [x for x in algs if x not in KNOWN] + [x for x in ranks if x not in RANKS]
+    if bad:
+        print(f"error: unknown algorithm or rank: {', '.join(bad)}", file=sys.stderr)
+        return 2
+    progs = collect_programs(a.programs)
     out = Path(a.out or tempfile.mkdtemp(prefix="bench_search_"))
-    cfg = SearchConfig(algorithm=a.algorithm, iterations=a.iterations, rank=a.rank, seed=a.seed, progress=False)
-    tot = {"samples": 0, "wall": 0.0, "propose": 0.0, "verify": 0.0, "time": 0.0}
-    print(f"{'program':24} {'samples':>7} {'wall s':>7} {'samples/s':>9} {'propose':>8} {'verify':>8} {'time':>8} "
-          f"{'speedup':>8}")
-    for i, p in enumerate(a.programs):
-        t0 = time.perf_counter()
-        sm = search_program(p, out / f"{i}_{Path(p).stem}", cfg)
-        wall = time.perf_counter() - t0
-        sec = sm["seconds"]
-        print(f"{Path(p).name:24} {sm['samples']:7d} {wall:7.1f} {sm['samples'] / wall:9.2f} {sec['propose']:8.1f} "
-              f"{sec['verify']:8.1f} {sec['time']:8.1f} {sm['speedup']:7.2f}x")
-        tot["samples"] += sm["samples"]
-        tot["wall"] += wall
-        for k in ("propose", "verify", "time"):
-            tot[k] += sec[k]
-    w = tot["wall"] or 1.0
-    print(f"{'total':24} {tot['samples']:7d} {tot['wall']:7.1f} {tot['samples'] / w:9.2f} {tot['propose']:8.1f} "
-          f"{tot['verify']:8.1f} {tot['time']:8.1f}")
-    print(f"split of wall time: propose {100 * tot['propose'] / w:.0f}%, verify {100 * tot['verify'] / w:.0f}%, "
-          f"time {100 * tot['time'] / w:.0f}%, other {100 * (1 - (tot['propose'] + tot['verify'] + tot['time']) / w):.0f}%")
+    rows = []
+    print(f"{'program':22} {'algorithm':15} {'rank':6} {'samples':>7} {'wall s':>7} {'samp/s':>6} {'propose':>7} "
+          f"{'verify':>6} {'time':>6} {'model':>6} {'speedup':>8} {'best-smp':>8} {'vs eager':>8}", flush=True)
+    for alg in algs:
+        for rank in ranks:
+            r = f"model:{a.model}" if rank == "model" and a.model else rank
+            cfg = SearchConfig(algorithm=alg, iterations=a.iterations, rank=r, seed=a.seed, progress=False)
+            for i, p in enumerate(progs):
+                d = out / alg / rank / f"{i}_{p.stem}"
+                t0 = time.perf_counter()
+                resumed = (d / "summary.json").exists()
+                sm = json.loads((d / "summary.json").read_text()) if resumed else search_program(p, d, cfg)
+                wall = sm["seconds"]["total"] if resumed else time.perf_counter() - t0
+                sec = sm["seconds"]
+                row = {"program": p.stem, "algorithm": alg, "rank": rank, "samples": sm["samples"], "wall_s": wall,
+                       "speedup": sm["speedup"], "speedup_best_sample": sm.get("speedup_best_sample"),
+                       "speedup_vs_eager": sm.get("speedup_vs_eager"),
+                       "seconds": {k: sec.get(k, 0.0) for k in ("propose", "verify", "time", "model")}}
+                rows.append(row)
+                s = row["seconds"]
+                print(f"{p.stem[:22]:22} {alg:15} {rank:6} {sm['samples']:7d} {wall:7.1f} "
+                      f"{sm['samples'] / wall if wall else 0:6.2f} {s['propose']:7.1f} {s['verify']:6.1f} "
+                      f"{s['time']:6.1f} {s['model']:6.1f} {sm['speedup']:7.2f}x "
+                      f"{_f(row['speedup_best_sample'], '{:7.2f}x'):>8} {_f(row['speedup_vs_eager'], '{:7.3f}x'):>8}",
+                      flush=True)
+    print()
+    print(f"{'algorithm':15} {'rank':6} {'programs':>8} {'median':>7} {'geomean':>7} {'eager med':>9} "
+          f"{'eager geo':>9} {'samples':>7} {'wall s':>7}")
+    summary = []
+    for alg in algs:
+        for rank in ranks:
+            g = [x for x in rows if x["algorithm"] == alg and x["rank"] == rank]
+            if not g:
+                continue
+            sp = [x["speedup"] for x in g]
+            ea = [x["speedup_vs_eager"] for x in g if x["speedup_vs_eager"]]
+            agg = {"algorithm": alg, "rank": rank, "programs": len(g), "median_speedup": statistics.median(sp),
+                   "geomean_speedup": geomean(sp), "median_vs_eager": statistics.median(ea) if ea else None,
+                   "geomean_vs_eager": geomean(ea), "mean_samples": statistics.mean(x["samples"] for x in g),
+                   "wall_s": sum(x["wall_s"] for x in g)}
+            summary.append(agg)
+            print(f"{alg:15} {rank:6} {len(g):8d} {agg['median_speedup']:6.2f}x {_f(agg['geomean_speedup']):>6}x "
+                  f"{_f(agg['median_vs_eager'], '{:.3f}'):>8}x {_f(agg['geomean_vs_eager'], '{:.3f}'):>8}x "
+                  f"{agg['mean_samples']:7.1f} {agg['wall_s']:7.0f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"searches": rows, "summary": summary}, indent=1) + "\n")
     print(f"outputs in {out}", file=sys.stderr)
     return 0
 

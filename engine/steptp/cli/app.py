@@ -11,3 +11,8 @@ app.add_typer(rules_app, name="rules")
 gpu_app = typer.Typer(no_args_is_help=True, help="Build here, run there: pack a dataset's GPU kernels, run a pack "
                                                  "with the TVM runtime only, merge the results.")
 app.add_typer(gpu_app, name="gpu")
+
+# stp costmodel train / eval (the learned cost model of stp search --rank model)
+from .costmodel import costmodel_app  # noqa: E402
+
+app.add_typer(costmodel_app, name="costmodel")

@@ -12,7 +12,8 @@ import typer
 from .app import app
 from .common import fail, internal_errors_exit
 
-ALGORITHM_HELP = "greedy, beam, bfs, dfs, mcts, chain or chain-no-parent (paper App. B.2)."
+ALGORITHM_HELP = ("greedy, beam, bfs, dfs, mcts, chain or chain-no-parent (paper App. B.2), or evolutionary (TVM "
+                  "MetaSchedule: population, rule mutations, model-scored selection, the top 2 per round measured).")
 
 
 @app.command()
@@ -23,8 +24,12 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
            algorithm: str = typer.Option("greedy", "--algorithm", "-a", help=ALGORITHM_HELP),
            policy: str = typer.Option("engine", "--policy", help="engine (rule engine), llm (chat endpoint) or "
                                                                  "replay (JSONL file)."),
-           rank: str = typer.Option("random", "--rank", help="Engine policy: random (seeded) or cost (static "
-                                                             "cost model) choice of the K candidates."),
+           rank: str = typer.Option("random", "--rank", help="Engine policy: random (seeded), cost (static cost "
+                                                             "model) or model[:PATH] (learned cost model, stp "
+                                                             "costmodel train; refitted online on the search's "
+                                                             "samples; without PATH online only) choice of the K "
+                                                             "candidates (model: 32 screened per node). With "
+                                                             "--algorithm evolutionary: the selection score."),
            endpoint: Optional[str] = typer.Option(None, "--endpoint", help="OpenAI-compatible URL, e.g. "
                                                                            "http://127.0.0.1:8000/v1 (--policy llm)."),
            model: Optional[str] = typer.Option(None, "--model", help="Model name at the endpoint (--policy llm)."),
@@ -78,10 +83,15 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         fail(f"--algorithm {algorithm}: expected one of {', '.join(ALGORITHMS)}")
     if policy not in POLICIES:
         fail(f"--policy {policy}: expected one of {', '.join(POLICIES)}")
-    if rank not in ("random", "cost"):
-        fail(f"--rank {rank}: expected random or cost")
     if device not in ("cpu", "cuda"):
         fail(f"--device {device}: expected cpu or cuda")
+    from ..search.costmodel import CostModelError, CostModelUnavailable, make_scorer, parse_rank
+
+    try:
+        if parse_rank(rank)[0] == "model":
+            make_scorer(rank, device, seed)  # LightGBM and the model file, before anything is written
+    except (ValueError, CostModelError, CostModelUnavailable) as e:
+        fail(str(e))
     if device == "cuda":
         from ..search.evaluate import cuda_problem
 

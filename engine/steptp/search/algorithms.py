@@ -1,4 +1,5 @@
-"""The seven search algorithms of paper §4.4 / App. B.2, over a :class:`~steptp.search.core.Search`.
+"""The seven search algorithms of paper §4.4 / App. B.2, and MetaSchedule's evolutionary
+search, over a :class:`~steptp.search.core.Search`.
 
 Each function drives ``search.expand(node, k)`` (ask the policy for ``k`` proposals at
 ``node``, verify and time them; returns the Equal children, fastest first) and stops at
@@ -24,6 +25,17 @@ mcts               20 iterations of UCT (Kocsis & Szepesvári 2006): selection b
 chain              20 iterations, 1 candidate per step, the prompt shows the parent; the
                    chain moves to the new program whenever it verifies.
 chain-no-parent    as chain, but the policy sees no history (no parent).
+evolutionary       (not in the paper) TVM MetaSchedule's EvolutionarySearch: 20 rounds; the
+                   population is the ``population`` (4) fastest measured programs (root
+                   included); mutation = the policy's proposals (rule applications) at
+                   each member, up to ``screen`` (32) per member, pooled with the unmeasured
+                   candidates of earlier rounds; model-scored selection: every pooled
+                   candidate is scored by the search's scorer (predicted ln speedup over
+                   the root = ln speedup of its parent + the scorer's ln speedup over the
+                   parent), and only the top ``measure`` (2) are verified and timed, one of
+                   them replaced by a random pooled candidate with probability
+                   ``eps_greedy`` (0.05). A round without any new candidate asks the
+                   population again; with none anywhere the search ends.
 =================  ==========================================================================
 
 Every parameter is a keyword argument; :data:`DEFAULTS` lists them per algorithm.
@@ -32,6 +44,7 @@ Every parameter is a keyword argument; :data:`DEFAULTS` lists them per algorithm
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 
 from .core import Node, Search, log_speedup
@@ -45,6 +58,7 @@ DEFAULTS: dict[str, dict] = {
     "mcts": {"iterations": 20, "per_node": 1, "max_children": 2, "rollout_depth": 1, "c": math.sqrt(2)},
     "chain": {"iterations": 20},
     "chain-no-parent": {"iterations": 20},
+    "evolutionary": {"iterations": 20, "population": 4, "screen": 32, "measure": 2, "eps_greedy": 0.05, "seed": 0},
 }
 
 ALGORITHMS = tuple(DEFAULTS)
@@ -194,8 +208,71 @@ def chain_no_parent(s: Search, iterations: int = 20) -> None:
     chain(s, iterations, with_parent=False)
 
 
+def evolutionary(s: Search, iterations: int = 20, population: int = 4, screen: int = 32, measure: int = 2,
+                 eps_greedy: float = 0.05, seed: int = 0) -> None:
+    """Evolutionary search with model-scored selection (see the module table; source: TVM
+    MetaSchedule ``EvolutionarySearch``: population, mutation, cost-model screening,
+    epsilon-greedy pick of the measured batch; one mutation step per round, from measured
+    programs only, so every measured program has a measured parent)."""
+    from .core import canonical
+
+    rng = random.Random(seed)
+    pool: list[tuple[Node, object, str]] = []  # (measured parent, proposal, canonical text)
+    pooled: set[str] = set()
+    screened: set[int] = set()
+
+    def mutate(parents: list[Node], again: bool) -> None:
+        for parent in parents:
+            if parent.id in screened and not again:
+                continue
+            screened.add(parent.id)
+            for p in s.propose(parent, screen):
+                try:
+                    t = canonical(p.module)
+                except Exception:  # noqa: BLE001 - a malformed proposal is never measured
+                    continue
+                if t not in pooled and t not in s.seen:
+                    pooled.add(t)
+                    pool.append((parent, p, t))
+            if again and pool:
+                return
+
+    for it in range(iterations):
+        if s.exhausted:
+            return
+        _tick(s, it)
+        members = sorted((n for n in s.nodes if n.ok), key=lambda n: (-(n.speedup or 0.0), n.id))[:population]
+        mutate(members, False)
+        pool[:] = [x for x in pool if x[2] not in s.seen]
+        if not pool:
+            mutate(members, True)
+        if not pool:
+            return
+        scores: list[float] = [0.0] * len(pool)
+        by_parent: dict[int, list[int]] = {}
+        for i, (parent, _, _) in enumerate(pool):
+            by_parent.setdefault(parent.id, []).append(i)
+        for idx in by_parent.values():
+            parent = pool[idx[0]][0]
+            pred = s.score(parent, [pool[i][1] for i in idx])
+            for i, v in zip(idx, pred):
+                scores[i] = log_speedup(parent) + v
+        order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+        pick = order[:measure]
+        rest = order[measure:]
+        if rest and pick and rng.random() < eps_greedy:
+            pick[-1] = rng.choice(rest)
+        chosen = [pool[i] for i in pick]
+        for i in sorted(pick, reverse=True):
+            del pool[i]
+        for parent, p, _ in chosen:
+            if s.exhausted:
+                return
+            s.add(parent, p)
+
+
 FUNCTIONS = {"greedy": greedy, "beam": beam, "bfs": bfs, "dfs": dfs, "mcts": mcts, "chain": chain,
-             "chain-no-parent": chain_no_parent}
+             "chain-no-parent": chain_no_parent, "evolutionary": evolutionary}
 
 
 def run_algorithm(name: str, s: Search, **overrides) -> None:

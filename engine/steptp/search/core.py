@@ -2,8 +2,11 @@
 :class:`Node`, :class:`Tree` and the :class:`Search` context that algorithms drive.
 
 Nothing here knows about HTTP or TVM: a :class:`Search` is given a policy (anything with
-``propose(node, history, k)``) and an evaluator (anything with ``root_time_us`` and
-``evaluate(module) -> Evaluation``) and records every node it sees.
+``propose(node, history, k)``), an evaluator (anything with ``root_time_us`` and
+``evaluate(module) -> Evaluation``) and optionally a scorer (anything with
+``score(node, proposals) -> [predicted ln speedup over node]`` and, to learn online,
+``observe(root, parent, child)``: :mod:`steptp.search.costmodel`) and records every node it
+sees.
 
 Metrics (paper §4.4): a *sample* is a candidate that verified Equal against the root and
 was timed; speedup = Runtime_root / Runtime_node; the best trajectory is the path from the
@@ -60,6 +63,10 @@ class Evaluator(Protocol):
 
 class Policy(Protocol):
     def propose(self, node: "Node", history: list["Node"], k: int) -> list[Proposal]: ...
+
+
+class Scorer(Protocol):
+    def score(self, node: "Node", proposals: list[Proposal]) -> list[float]: ...
 
 
 @dataclass
@@ -131,12 +138,16 @@ class Search:
     already seen -> ``duplicate`` (not verified again, not a sample); otherwise the
     evaluator verifies it against the root and times it (``equal`` nodes are samples).
     ``max_samples`` (optional) stops the search once reached (:attr:`exhausted`).
+    ``scorer`` (optional) predicts proposals' speedups (:meth:`score`) and is told every
+    sample (``observe``); algorithms that screen (``evolutionary``) call :meth:`propose`,
+    :meth:`score` and :meth:`add` themselves.
     """
 
     def __init__(self, root: LeirModule, policy: Policy, evaluator: Evaluator, *, max_samples: int | None = None,
-                 progress=None, timer: Timer | None = None):
+                 progress=None, timer: Timer | None = None, scorer: Scorer | None = None):
         self.policy = policy
         self.evaluator = evaluator
+        self.scorer = scorer
         self.max_samples = max_samples
         self.progress = progress
         self.timer = timer or Timer()
@@ -177,23 +188,43 @@ class Search:
         ``equal`` children (fastest first)."""
         if self.exhausted or k <= 0:
             return []
-        path = self.path(node)
-        history = path[:-1] if with_parent else []
-        t0 = time.perf_counter()
-        try:
-            props = list(self.policy.propose(node, history, k))[:k]
-        finally:
-            self.timer.add("propose", time.perf_counter() - t0)
-        ancestors = {n.text for n in path}
+        props = self.propose(node, k, with_parent=with_parent)
         out = []
         for p in props:
             if self.exhausted:
                 break
-            child = self._child(node, p, ancestors)
-            if child is not None and child.status == "equal":
+            child = self.add(node, p)
+            if child.status == "equal":
                 out.append(child)
         out.sort(key=lambda n: n.time_us)
         return out
+
+    def propose(self, node: Node, k: int, *, with_parent: bool = True) -> list[Proposal]:
+        """At most ``k`` proposals of the policy at ``node``, not evaluated (see :meth:`expand`)."""
+        if k <= 0:
+            return []
+        history = self.path(node)[:-1] if with_parent else []
+        t0 = time.perf_counter()
+        try:
+            return list(self.policy.propose(node, history, k))[:k]
+        finally:
+            self.timer.add("propose", time.perf_counter() - t0)
+
+    def score(self, node: Node, proposals: list[Proposal]) -> list[float]:
+        """The scorer's predicted ln speedup of each proposal over ``node`` (all 0 without a
+        scorer: the policy's order stands)."""
+        if self.scorer is None or not proposals:
+            return [0.0] * len(proposals)
+        t0 = time.perf_counter()
+        try:
+            return [float(x) for x in self.scorer.score(node, proposals)]
+        finally:
+            self.timer.add("model", time.perf_counter() - t0)
+
+    def add(self, node: Node, proposal: Proposal) -> Node:
+        """Evaluate ``proposal`` as a child of ``node`` (revert, duplicate and no-op checks,
+        then verification and timing) and record it; returns the new node (any status)."""
+        return self._child(node, proposal, {n.text for n in self.path(node)})
 
     def _child(self, node: Node, p: Proposal, ancestors: set[str]) -> Node:
         try:
@@ -228,11 +259,23 @@ class Search:
                 if self.progress is not None:
                     self.progress.update(1)
                     self.progress.set_postfix(best=f"{self.best.speedup:.2f}x")
+                self._observe(node, child)
             self.seen[text] = child.id
         if text and text not in self.seen:
             self.seen[text] = child.id
         self.nodes.append(child)
         return child
+
+    def _observe(self, parent: Node, child: Node) -> None:
+        """Tell the scorer a new sample (online learning of the cost model)."""
+        obs = getattr(self.scorer, "observe", None)
+        if obs is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            obs(self.root, parent, child)
+        finally:
+            self.timer.add("model", time.perf_counter() - t0)
 
     def _same_code(self, node: Node, module) -> bool:
         """The evaluator's ``same_code(parent, module)`` when it has one (a step that changes

@@ -57,7 +57,7 @@ class SearchConfig:
 
     algorithm: str = "greedy"
     policy: str = "engine"
-    rank: str = "random"
+    rank: str = "random"  # random, cost, model or model:PATH (steptp.search.costmodel)
     device: str = "cpu"  # cpu or cuda: where candidates are verified and timed (stp search --device)
     seed: int = 0
     iterations: int | None = None
@@ -71,6 +71,12 @@ class SearchConfig:
     replay: str | None = None
     progress: bool = True
     confirm_repeat: int = 10
+    screen: int = 32  # --rank model with the paper's seven: candidates screened per node by the model
+
+    @property
+    def rank_kind(self) -> str:
+        """``random``, ``cost`` or ``model`` (without the model path)."""
+        return self.rank.partition(":")[0]
 
     @property
     def target(self) -> str:
@@ -79,6 +85,8 @@ class SearchConfig:
 
     def algorithm_params(self) -> dict:
         p = dict(DEFAULTS[self.algorithm])
+        if "seed" in p:
+            p["seed"] = self.seed
         p.update({k: v for k, v in self.overrides.items() if v is not None})
         if self.iterations is not None:
             p["iterations"] = self.iterations
@@ -183,12 +191,37 @@ def _eager(model, args, repeat: int, warmup: int, min_repeat_s: float) -> float:
 # ---------------------------------------------------------------------------
 
 
-def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None):
-    """The policy ``cfg.policy`` for ``root`` (``client``: the chat client of the LLM policy)."""
+def make_scorer(cfg: SearchConfig):
+    """The scorer of ``cfg.rank`` (:func:`steptp.search.costmodel.make_scorer`) when the
+    search screens with one (``--rank model``, or ``--algorithm evolutionary`` with any
+    rank), else None. Raises :class:`SearchInputError` for a bad model file or a missing
+    LightGBM."""
+    if cfg.rank_kind != "model" and cfg.algorithm != "evolutionary":
+        return None
+    from .costmodel import CostModelError, CostModelUnavailable, make_scorer as _make
+
+    try:
+        return _make(cfg.rank, cfg.device, cfg.seed)
+    except (CostModelError, CostModelUnavailable, ValueError) as e:
+        raise SearchInputError(str(e)) from None
+
+
+def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, scorer=None):
+    """The policy ``cfg.policy`` for ``root`` (``client``: the chat client of the LLM policy).
+    With ``--rank model`` and one of the paper's seven algorithms the engine policy is wrapped
+    in a :class:`~steptp.search.costmodel.ScreeningPolicy` (``cfg.screen`` candidates
+    screened per node by ``scorer``); ``evolutionary`` screens by itself."""
     from .policies import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy
 
     if cfg.policy == "engine":
-        return EnginePolicy(rules, rank=cfg.rank, seed=cfg.seed, per_rule=cfg.per_rule, target=cfg.device)
+        static = cfg.rank_kind == "cost" and cfg.algorithm != "evolutionary"
+        pol = EnginePolicy(rules, rank="cost" if static else "random", seed=cfg.seed, per_rule=cfg.per_rule,
+                           target=cfg.device)
+        if cfg.rank_kind == "model" and cfg.algorithm != "evolutionary" and scorer is not None:
+            from .costmodel import ScreeningPolicy
+
+            return ScreeningPolicy(pol, scorer, cfg.screen)
+        return pol
     if cfg.policy == "replay":
         if not cfg.replay:
             raise SearchInputError("--policy replay needs --replay FILE.jsonl")
@@ -222,7 +255,7 @@ def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: flo
         counts[n.status] = counts.get(n.status, 0) + 1
     return {
         "program": name, "source": source, "algorithm": cfg.algorithm, "policy": cfg.policy,
-        "rank": cfg.rank if cfg.policy == "engine" else None, "device": cfg.device,
+        "rank": cfg.rank_kind if cfg.policy == "engine" else None, "device": cfg.device,
         "target": cfg.device,  # the former name of "device", kept for readers of older summaries
         "seed": cfg.seed,
         "params": cfg.algorithm_params(),
@@ -270,9 +303,10 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
                           timer=timer)
     except RootFailed as e:
         raise SearchInputError(f"{source}: {e}") from None
-    policy = make_policy(cfg, root, client, rules)
+    scorer = make_scorer(cfg)
+    policy = make_policy(cfg, root, client, rules, scorer)
     bar = tqdm(desc=f"{name} {cfg.algorithm}", unit="sample", disable=not cfg.progress, leave=False)
-    s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar)
+    s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar, scorer=scorer)
     try:
         params = cfg.algorithm_params()
         run_algorithm(cfg.algorithm, s, **params)
@@ -298,6 +332,11 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
             summary["root_speedup_vs_eager"] = eager / s.root.time_us if s.root.time_us else None
         except Exception as e:  # noqa: BLE001 - the comparison is informative only
             summary["eager_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if scorer is not None:
+        summary["scorer"] = {"kind": type(scorer).__name__, **({"model": cfg.rank.partition(":")[2] or None}
+                                                                if cfg.rank_kind == "model" else {}),
+                             **{k: (round(v, 3) if isinstance(v, float) else v)
+                                for k, v in (getattr(scorer, "stats", None) or {}).items()}}
     if hasattr(policy, "log"):
         summary["llm_requests"] = policy.log
     if getattr(policy, "skipped", None):
@@ -597,4 +636,4 @@ def export_chat(outdir: str | Path, path: str | Path) -> int:
 
 __all__ = ["SearchConfig", "SearchInputError", "search_program", "search_many", "run_summary", "write_report",
            "export_chat", "chat_record", "collect_programs", "load_program", "eager_time_us", "make_policy",
-           "table_rows", "load_summaries", "POLICIES", "Timer"]
+           "make_scorer", "table_rows", "load_summaries", "POLICIES", "Timer"]
