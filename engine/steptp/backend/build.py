@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -610,13 +611,75 @@ def _run_nvcc(cu: str, arch: str, workdir: str, tag: str, timeout_s: float) -> s
     return None
 
 
+def _bisect(group: list[int], check, results: list, skipped: str | None = None) -> None:
+    """Run ``check(group)`` (None: every member passed, else ``(status, reason)``) and
+    split a failing group in halves until each failure is pinned on one source; the
+    verdicts go into ``results``. ``skipped``: the members passed without nvcc (reason)."""
+    err = check(group)
+    if err is None:
+        for i in group:
+            results[i] = (NvccResult(True, "ok", "", len(group)) if skipped is None else
+                          NvccResult(None, "skipped", skipped, len(group)))
+        return
+    if len(group) == 1:
+        results[group[0]] = NvccResult(False, err[0], err[1], 1)
+        return
+    mid = len(group) // 2
+    _bisect(group[:mid], check, results, skipped)
+    _bisect(group[mid:], check, results, skipped)
+
+
+_KERNEL_START = 'extern "C" __global__'
+_KERNEL_NAME = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+
+
+def _split_cuda(cu: str) -> tuple[str, str]:
+    """``(preamble, kernels)`` of TVM's CUDA C: the includes and helpers before the first
+    ``extern "C" __global__``, and the rest."""
+    i = cu.find(_KERNEL_START)
+    return (cu, "") if i < 0 else (cu[:i], cu[i:])
+
+
+def cuda_groups(sources: Mapping[int, str]) -> list[list[int]]:
+    """Sources (index -> CUDA C from TVM) grouped so that each group compiles as one file:
+    a source joins the first group (largest preamble first) whose preamble contains every
+    line of its own preamble. TVM's preambles differ only by what they add (fp16 helpers,
+    ``math_constants.h``): the dataset's 6,272 kernels of 200 corpus programs have 4
+    preambles, each line set contained in the largest."""
+    order = sorted(sources, key=lambda i: (-len(_split_cuda(sources[i])[0]), i))
+    groups: list[tuple[set[str], list[int]]] = []
+    for i in order:
+        lines = set(_split_cuda(sources[i])[0].splitlines())
+        for have, members in groups:
+            if lines <= have:
+                members.append(i)
+                break
+        else:
+            groups.append((lines, [i]))
+    return [sorted(members) for _, members in groups]
+
+
+def joined_cuda(sources: Sequence[str]) -> str:
+    """One CUDA C file of several TVM sources: the largest preamble once (see
+    :func:`cuda_groups`), then each source's kernels with their names prefixed ``s<k>_``
+    (TVM names every kernel ``main_kernel...``)."""
+    parts = [_split_cuda(cu) for cu in sources]
+    out = [max((p for p, _ in parts), key=len)]
+    for k, (_, body) in enumerate(parts):
+        for name in sorted(set(_KERNEL_NAME.findall(body)), key=len, reverse=True):
+            body = re.sub(rf"\b{re.escape(name)}\b", f"s{k}_{name}", body)
+        out.append(body)
+    return "\n".join(out)
+
+
 def nvcc_check(sources: Sequence, limits: GpuLimits = DEFAULT_GPU, batch: bool = True,
                timeout_s: float = 600.0, keep_dir: str | None = None) -> list[NvccResult]:
     """Build pass for many kernels: TVM CUDA codegen + ``nvcc --ptx -arch=sm_90``.
 
     * ``sources``: each a :class:`LeirModule` (preflight + CUDA lowering first), TVMScript
       text (CUDA path, from ``lower(..., target="cuda")``), or CUDA C text (contains
-      ``__global__``; compiled one by one).
+      ``__global__``; with ``batch``, joined into one file per :func:`cuda_groups` group
+      with renamed kernels, :func:`joined_cuda`; else one by one).
     * ``batch``: put every TVMScript kernel into one IRModule (function ``k<i>``), so one
       ``tvm.compile`` and one nvcc run cover them all; a failing batch is split in halves
       recursively until each failure is pinned on its source (cost: O(failures * log n)
@@ -669,19 +732,7 @@ def nvcc_check(sources: Sequence, limits: GpuLimits = DEFAULT_GPU, batch: bool =
         return None if err is None else ("nvcc", err)
 
     def solve(group: list[int]) -> None:
-        err = check(group)
-        if err is None:
-            for i in group:
-                results[i] = (NvccResult(True, "ok", "", len(group)) if have_nvcc else
-                              NvccResult(None, "skipped", "nvcc not found on PATH (TVM CUDA codegen passed)",
-                                         len(group)))
-            return
-        if len(group) == 1:
-            results[group[0]] = NvccResult(False, err[0], err[1], 1)
-            return
-        mid = len(group) // 2
-        solve(group[:mid])
-        solve(group[mid:])
+        _bisect(group, check, results, None if have_nvcc else "nvcc not found on PATH (TVM CUDA codegen passed)")
 
     try:
         order = sorted(funcs)
@@ -691,13 +742,18 @@ def nvcc_check(sources: Sequence, limits: GpuLimits = DEFAULT_GPU, batch: bool =
             else:
                 for i in order:
                     solve([i])
-        for i, cu in raw.items():
-            if not have_nvcc:
+        if raw and not have_nvcc:
+            for i in raw:
                 results[i] = NvccResult(None, "skipped", "nvcc not found on PATH")
-                continue
-            counter[0] += 1
-            err = _run_nvcc(cu, limits.arch, workdir, f"src{counter[0]}", timeout_s)
-            results[i] = NvccResult(True, "ok") if err is None else NvccResult(False, "nvcc", err)
+        elif raw:
+            def check_raw(group: list[int]) -> tuple[str, str] | None:
+                counter[0] += 1
+                err = _run_nvcc(joined_cuda([raw[i] for i in group]), limits.arch, workdir, f"src{counter[0]}",
+                                timeout_s)
+                return None if err is None else ("nvcc", err)
+
+            for group in (cuda_groups(raw) if batch else [[i] for i in sorted(raw)]):
+                _bisect(group, check_raw, results)
     finally:
         if keep_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)

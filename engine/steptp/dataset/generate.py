@@ -328,14 +328,22 @@ class _Mutant:
 
 
 def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
-    """One batched nvcc run (one IRModule, one .cu) over every pending candidate of the
-    batch; a failing batch is bisected by :func:`steptp.backend.nvcc_check`. It runs in the
-    verification worker, whose parse memo already holds the candidates' GPU forms (a crashed
-    or timed-out worker: here, parsing them again)."""
+    """One batched nvcc run over every pending candidate of the batch; a failing batch is
+    bisected by :func:`steptp.backend.nvcc_check`. The candidates' CUDA C (generated once,
+    in verification) is joined into one file per preamble group
+    (:func:`steptp.backend.build.cuda_groups`), so nothing is generated twice; without it
+    (an older worker result), their GPU TIR goes through one IRModule in the verification
+    worker, whose parse memo holds the GPU forms."""
     from ..backend import nvcc_check
 
     pending = [(r, item) for r in runs for item in r.pending]
     if not pending:
+        return
+    if all(item[2].get("cuda") for _, item in pending):
+        # the candidates' CUDA C, generated once in verification: joined textually
+        # (steptp.backend.build.joined_cuda), no second TVM code generation
+        results = nvcc_check([item[2]["cuda"] for _, item in pending], batch=True)
+        _settle_nvcc(pending, results)
         return
     texts = [item[2]["tir_cuda"] for _, item in pending]
     runner, results = _runner(opts), None
@@ -346,7 +354,15 @@ def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
             results = None
     if results is None:  # in process (its memo holds the GPU forms), or after a worker failure
         results = nvcc_check(texts, batch=True)
+    _settle_nvcc(pending, results)
+
+
+def _settle_nvcc(pending: list, results: list) -> None:
+    """Keep the pending candidates that nvcc compiled; record the others as build failures."""
+    runs = []
     for (run, (step, res, art, slot)), nv in zip(pending, results):
+        if run not in runs:
+            runs.append(run)
         if nv.ok is False:
             reason = f"build: {nv.status}: {nv.reason}"
             run.attempts[slot] = run.failed(reason, step, res, stage="build")
