@@ -528,10 +528,32 @@ def compile_cuda_text(text: str, arch: str = DEFAULT_GPU.arch) -> str:
     tvm = _tvm()
     func = parse_tvmscript(text)
     try:
-        ex = tvm.compile(func, target=cuda_target(arch))
+        return _device_only_source(func, cuda_target(arch))
+    except BuildError:
+        raise
     except Exception as e:
         raise BuildError(f"tvm.compile(cuda) failed: {short_tvm_error(e)}") from None
-    return _device_source(ex)
+
+
+def _device_only_source(func, target) -> str:
+    """The CUDA C that ``tvm.compile(func, target)`` puts in its device module, without the
+    host side: the same steps as ``tvm.tirx.build`` (bind the target, the default pipeline,
+    host/device split, the device finalisation passes, ``target.build.cuda``) less the host
+    finalisation and host code generation, which nothing here runs (byte-identical source on
+    30 corpus kernels; 9.0 instead of 10.8 ms per kernel). Source: tvm/tirx/build.py (0.27).
+    Raises :class:`BuildError` when there is no device code."""
+    import importlib  # noqa: PLC0415
+
+    tvm = _tvm()
+    tb = importlib.import_module("tvm.tirx.build")  # the module (tvm.tirx.build is also a function)
+    mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule.from_expr(func))
+    pipeline, _finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(target)
+    _host, devices = tb.split_host_device_mods(pipeline(mod))
+    for dev_target, dev_mod in devices.items():
+        dev_mod = finalize_device()(dev_mod)
+        if len(dev_mod.functions):
+            return tb.codegen_build(dev_mod, dev_target).inspect_source()
+    raise BuildError("tvm.compile(cuda) produced no device code (no loop is bound to a thread)")
 
 
 def _device_source(ex) -> str:

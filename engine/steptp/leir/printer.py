@@ -7,6 +7,8 @@ and hashes.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import math
 
 from . import ast as A
@@ -93,9 +95,23 @@ def format_assign(a: A.Assign) -> str:
     return format_tensor(a.target) + "=" + format_expr(a.value) + ";"
 
 
+_NEST_TEXT: "OrderedDict[int, tuple[A.Nest, str]]" = OrderedDict()
+_NEST_TEXT_SIZE = 4096
+
+
 def format_nest(n: A.Nest) -> str:
+    """Canonical text of a nest. The last 4096 texts are kept by nest identity (nests are
+    immutable, and a rewrite shares every nest it does not touch with its input program, so
+    candidate programs, their CoTs and entry ids print mostly known nests)."""
+    hit = _NEST_TEXT.get(id(n))
+    if hit is not None and hit[0] is n:
+        return hit[1]
     body = "".join(format_assign(i) if isinstance(i, A.Assign) else format_nest(i) for i in n.body)
-    return format_loops(n.loops) + "[" + body + "];"
+    text = format_loops(n.loops) + "[" + body + "];"
+    _NEST_TEXT[id(n)] = (n, text)
+    if len(_NEST_TEXT) > _NEST_TEXT_SIZE:
+        _NEST_TEXT.popitem(last=False)
+    return text
 
 
 def format_program(p: A.Program, sep: str = "") -> str:
