@@ -12,14 +12,15 @@ many-clause probe rule (four consecutive nests, 19 clauses) on both programs.
     python benchmarks/bench_matching.py [--repeat 7] [--examples examples] [--all-examples]
 """
 
-#: issue 26's targets: (nests at least, all rules within ms)
-TARGETS = ((100, 400), (30, 100))
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+#: issue 26's targets: (nests at least, all rules within ms)
+TARGETS = ((100, 400), (30, 100))
 
 
 PROBE = """
