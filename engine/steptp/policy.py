@@ -431,6 +431,7 @@ ALGORITHM_TEXT = {
     "mcts": "Monte-Carlo-tree-search-based optimization",
     "chain": "Chain-based optimization",
     "chain-no-parent": "Chain-based optimization",
+    "evolutionary": "Evolutionary optimization (a population of measured programs, mutated step by step)",
 }
 
 

@@ -3,10 +3,12 @@ guided by a policy, every candidate verified against the root program and timed.
 
 Layers (algorithms never know about HTTP, TVM or rules)::
 
-    policies.py    Policy.propose(node, history, k) -> [Proposal]: EnginePolicy (rules, random or
-                   static-cost ranking, cost.py), ReplayPolicy (JSONL), LLMPolicy (chat endpoint,
-                   templates/search_prompt.j2)
-    algorithms.py  greedy, beam, bfs, dfs, mcts (UCT), chain, chain-no-parent over a core.Search
+    policies.py    re-exports steptp.policy: Policy.propose(node, history, k) -> [Proposal]:
+                   EnginePolicy (rules, random or static-cost ranking, cost.py), ReplayPolicy
+                   (JSONL), LLMPolicy (chat endpoint, templates/search_prompt.j2)
+    costmodel.py   the learned cost model (LightGBM over features.py) for --rank model
+    algorithms.py  greedy, beam, bfs, dfs, mcts (UCT), chain, chain-no-parent (the paper's seven)
+                   and evolutionary (MetaSchedule-style, model-screened) over a core.Search
     evaluate.py    Measure: verify_pair against the root (3 random + 2 ordered trials), time Equal candidates
     core.py        Proposal, Node, Search (tree, dedupe, revert rejection, samples, best)
     run.py         search_program / search_many: summary.json, best.leir, tree.jsonl, report.md,
