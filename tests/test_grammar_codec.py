@@ -39,7 +39,9 @@ def test_pattern_grammar_extends_the_leir_grammar():
     src = Path(P.__file__).read_text()
     assert "class _Parser" not in src and "_Parser" not in Path(P.__file__).with_name("domains.py").read_text()
     assert set(RULE_TEXT_STARTS) == {"pattern_expr", "pattern_loops", "pattern_equation", "pattern_nest",
-                                     "pattern_item", "value"}
+                                     "pattern_item", "value", "where_clause"}
+    match_src = Path(P.__file__).with_name("match.py").read_text()
+    assert "tokenize" not in match_src and "_split_and" not in match_src and "tokenize" not in src
 
 
 def test_patterns_parse_to_the_leir_ast_with_holes():
@@ -120,6 +122,69 @@ def test_broken_rule_names_file_field_line_and_column():
         load_rule_text(text, "broken.yaml")
     text = (RULES_DIR / "loop_split.yaml").read_text().replace('"factorizable(?n)"', '{check: "?n > 2 and"}')
     with pytest.raises(RuleError, match=r"broken\.yaml: where\[0\]\.check: .*line 1, column 11"):
+        load_rule_text(text, "broken.yaml")
+
+
+def test_where_clauses_parse_with_the_grammar():
+    w = P.parse_where_clause
+    assert w("nest_pos(?N, -1, _)") == ("item", ("call", "nest_pos", [("var", "N"), ("neg", ("lit", 1)), ("wild",)]))
+    assert w('not scope_of(?Y, l)') == ("not", ("item", ("call", "scope_of", [("var", "Y"), ("lit", "l")])))
+    assert w("?ho + ?kk == ?hp + 1") == ("cmp", "==", ("op", "+", ("var", "ho"), ("var", "kk")),
+                                         ("op", "+", ("var", "hp"), ("lit", 1)))
+    assert w("not (loop_info(?n, ?q, P, _, _) and ?q < ?p)") == ("not", ("item", ("group", [
+        ("item", ("call", "loop_info", [("var", "n"), ("var", "q"), ("lit", "P"), ("wild",), ("wild",)])),
+        ("cmp", "<", ("var", "q"), ("var", "p"))])))
+    # "and", "not" and "or" are words where a value stands
+    assert w("f(and, not)") == ("item", ("call", "f", [("lit", "and"), ("lit", "not")]))
+    for bad in ("nest(?n) and nest(?m)", "?a < ?b < ?c", "?x = 1", "not ()", "nest(?n ?m)", "?x // 2 == 1"):
+        with pytest.raises(P.PatternError, match="line 1, column"):
+            w(bad)
+
+
+def _where_atoms(*items):
+    from steptp.engine.match import _WhereCompiler
+
+    wc = _WhereCompiler({}, "r")
+    return [wc.compile_item(it, f"where[{i}]") for i, it in enumerate(items)]
+
+
+def test_where_clauses_compile_to_egglog_atoms():
+    assert _where_atoms("nest_pos(?n, -1, _)", 'scope_of(?X, "s")', "not scope_of(?X, l)") == [
+        (["(nest_pos mv_n -1 anon_tmp_1)"], None), (['(scope_of mv_X "s")'], None), ([], ['(scope_of mv_X "l")'])]
+    # f(...) op rhs: the rhs's temporaries come before f's
+    assert _where_atoms("loop_count(?n) == item_count(?n) + 1") == [
+        (["(= tmp_2 (loop_count mv_n))", "(= tmp_1 (item_count mv_n))", "(= tmp_2 (+ tmp_1 1))"], None)]
+    assert _where_atoms("?a + ?b * -?c == (?d - 1) % 3") == [
+        (["(= (+ mv_a (* mv_b (- 0 mv_c))) (% (- mv_d 1) 3))"], None)]
+    assert _where_atoms("not (loop_info(?n, ?q, P, _, _) and ?q < ?p)") == [
+        ([], ['(loop_info mv_n mv_q "P" anon_tmp_1 anon_tmp_2)', "(< mv_q mv_p)"])]
+
+
+@pytest.mark.parametrize("item, message", [
+    ("frob(?n)", "unknown relation 'frob'"),
+    ("nest(?n, ?m)", "nest takes 1 argument"),
+    ("?x == loop_count(?n, ?m)", "loop_count takes 1 argument"),
+    ("not ?x > 2", "'not' applies to a relation"),
+    ("not (nest(?a) and not nest(?b))", "cannot contain another negation"),
+    ("loop_count(?n)", "is a function: compare it"),
+    ("nest(?n) == 1", "unexpected '==' after nest"),
+    ("?x == nest(?n)", "nest is not a function"),
+    ("?x / 0 == 1", "divides by zero"),
+    ("nest(?n + 1)", "bad argument 1 of nest"),
+    ("(nest(?n))", "expected a relation atom or a comparison"),
+    ("nest(?n) and nest(?m)", r"unexpected 'and'.*line 1, column 10"),
+])
+def test_bad_where_clauses_are_refused(item, message):
+    from steptp.engine.match import CompileError
+
+    with pytest.raises(CompileError, match=message) as e:
+        _where_atoms(item)
+    assert e.value.field == "where[0]"
+
+
+def test_broken_where_clause_names_file_and_field():
+    text = (RULES_DIR / "loop_split.yaml").read_text().replace('"factorizable(?n)"', '"factorizable(?n) and"')
+    with pytest.raises(RuleError, match=r"broken\.yaml: where\[0\]: unexpected 'and'.*line 1, column 18"):
         load_rule_text(text, "broken.yaml")
 
 

@@ -182,7 +182,9 @@ _CMP_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "=", "!=": "!="}
 
 
 class _WhereCompiler:
-    """Compiles ``where:`` items to egglog query atoms (positive / negated)."""
+    """Compiles ``where:`` items to egglog query atoms (positive / negated). String items
+    are parsed by the grammar (:func:`~steptp.engine.patterns.parse_where_clause`, entry
+    rule ``where_clause`` of ``pattern.lark``); this class walks the parsed clause."""
 
     def __init__(self, sorts: dict[str, str], rule_id: str):
         self.sorts = sorts
@@ -191,27 +193,26 @@ class _WhereCompiler:
         self.group_vars: list[set[str]] = []
 
     def tmp(self) -> str:
+        """A fresh temporary variable name (``tmp_1``, ``tmp_2``, ... in allocation order)."""
         self.n_tmp += 1
         return f"tmp_{self.n_tmp}"
 
     def declare(self, name: str, sort: str, field_: str):
+        """Record the sort of ``?name``; raises :class:`CompileError` on a clash."""
         old = self.sorts.get(name)
         if old is None:
             self.sorts[name] = sort
         elif old != sort:
             raise CompileError(field_, f"?{name} is a {old} but this argument needs a {sort}")
 
-    def compile_group(self, inner: str, field_: str) -> list[str]:
-        """``not (A and B and ...)``: the conjunction of several positive items, negated as a
-        whole. Metavariables first declared inside the group and bound nowhere else are
-        existential ("there is no ?M such that ..."); see :func:`compile_rule`."""
-        parts = _split_and(inner)
-        if not parts:
-            raise CompileError(field_, "empty 'not ( ... )' group")
+    def compile_group(self, items: list, field_: str) -> list[str]:
+        """``not (A and B and ...)``: the conjunction of several positive items (parsed
+        clauses), negated as a whole. Metavariables first declared inside the group and bound
+        nowhere else are existential ("there is no ?M such that ..."); see :func:`compile_rule`."""
         before = set(self.sorts)
         atoms: list[str] = []
-        for part in parts:
-            pos, neg = self.compile_item(part, field_)
+        for part in items:
+            pos, neg = self.clause(part, field_)
             if neg is not None:
                 raise CompileError(field_, "a 'not ( ... )' group cannot contain another negation")
             atoms += pos
@@ -220,10 +221,6 @@ class _WhereCompiler:
 
     def compile_item(self, item, field_: str) -> tuple[list[str], list[str] | None]:
         """Return (positive atoms, negated atom group or None)."""
-        if isinstance(item, str):
-            m = re.match(r"^\s*not\s*\((.*)\)\s*$", item, re.S)
-            if m and _balanced(m.group(1)):
-                return [], self.compile_group(m.group(1), field_)
         if isinstance(item, dict):
             name = item["term"][1:]
             try:
@@ -236,192 +233,115 @@ class _WhereCompiler:
             aux: list[str] = []
             sx = P.to_sexp(pat, self.sorts, aux)
             return [f"(= {P.qvar(name)} {sx})"] + aux, None
-        toks = P.tokenize(item)
-        k = 0
+        try:
+            clause = P.parse_where_clause(item)
+        except P.PatternError as e:
+            raise CompileError(field_, str(e)) from None
+        return self.clause(clause, field_)
 
-        def peek(o=0):
-            return toks[min(k + o, len(toks) - 1)]
-
-        negated = False
-        if peek().kind == "word" and peek().text == "not":
-            negated = True
-            k += 1
-        # relation / function atom
-        if peek().kind == "word" and peek(1).kind == "op" and peek(1).text == "(":
-            name = peek().text
-            sig = RELATIONS.get(name)
-            if sig is None:
-                raise CompileError(field_, f"unknown relation {name!r}; known: {', '.join(sorted(RELATIONS))}")
-            k += 2
-            args: list[str] = []
-            idx = 0
-            while True:
-                t = peek()
-                if t.kind == "op" and t.text == ")":
-                    k += 1
-                    break
-                if idx >= len(sig.args):
-                    raise CompileError(field_, f"{name} takes {len(sig.args)} argument(s)")
-                s = sig.args[idx]
-                if t.kind == "mvar":
-                    self.declare(t.text[1:], s, field_)
-                    args.append(P.qvar(t.text[1:]))
-                    k += 1
-                elif t.kind == "op" and t.text == "_":
-                    args.append(f"anon_{self.tmp()}")
-                    k += 1
-                elif t.kind == "int" or (t.kind == "op" and t.text == "-" and peek(1).kind == "int"):
-                    neg = t.text == "-"
-                    k += 2 if neg else 1
-                    args.append(str(-int(peek(-1).text) if neg else int(t.text)))
-                elif t.kind in ("str", "word", "name"):
-                    args.append(P.sx_str(t.text[1:-1] if t.kind == "str" else t.text))
-                    k += 1
-                else:
-                    raise CompileError(field_, f"bad argument {t.text!r} to {name}")
-                idx += 1
-                if peek().kind == "op" and peek().text == ",":
-                    k += 1
-            if idx != len(sig.args):
-                raise CompileError(field_, f"{name} takes {len(sig.args)} argument(s), got {idx}")
-            call = f"({name} {' '.join(args)})"
-            if sig.result is None:
-                atoms = [call]
-                if peek().kind != "eof":
-                    raise CompileError(field_, f"unexpected {peek().text!r} after {name}(...)")
-            else:
-                op = peek()
-                if op.kind != "op" or op.text not in _CMP_OPS:
-                    raise CompileError(field_, f"{name} is a function: compare it, e.g. '{name}(...) >= 2'")
-                k += 1
-                rhs, more = self.value(toks, k, field_)
-                t = self.tmp()
-                atoms = [f"(= {t} {call})"] + more + [f"({_CMP_OPS[op.text]} {t} {rhs})"]
+    def clause(self, c: tuple, field_: str) -> tuple[list[str], list[str] | None]:
+        """One parsed clause (``("item", x)``, ``("cmp", op, a, b)`` or ``("not", clause)``)
+        -> (positive atoms, negated atom group or None)."""
+        negated = c[0] == "not"
+        if negated:
+            c = c[1]
+            if c[0] == "item" and c[1][0] == "group":
+                return [], self.compile_group(c[1][1], field_)
+        lhs = c[1] if c[0] == "item" else c[2]
+        if lhs[0] == "call":
+            atoms = self.atom(lhs, c, field_)
             return (atoms, None) if not negated else ([], atoms)
         if negated:
             raise CompileError(field_, "'not' applies to a relation, e.g. 'not fuse_conflict(?n1, ?n2)'")
-        # comparison of integer values
-        lhs, more, k2 = self.value_until_cmp(toks, field_)
-        op = toks[k2]
-        rhs, more2 = self.value(toks, k2 + 1, field_)
-        return more + more2 + [f"({_CMP_OPS[op.text]} {lhs} {rhs})"], None
+        if c[0] != "cmp":
+            raise CompileError(field_, "expected a relation atom or a comparison")
+        _, op, a, b = c
+        lhs_sx, more = self.arith(a, field_)
+        rhs_sx, more2 = self.arith(b, field_)
+        return more + more2 + [f"({_CMP_OPS[op]} {lhs_sx} {rhs_sx})"], None
 
-    def value_until_cmp(self, toks, field_):
-        k = 0
-        while not (toks[k].kind == "op" and toks[k].text in _CMP_OPS):
-            if toks[k].kind == "eof":
-                raise CompileError(field_, "expected a relation atom or a comparison")
-            k += 1
-        sub = toks[:k] + [P.Tok("eof", "", toks[k].pos)]
-        v, more = self._arith(sub, field_)
-        return v, more, k
+    def atom(self, call: tuple, c: tuple, field_: str) -> list[str]:
+        """A relation atom ``rel(...)`` (``c`` is ``("item", call)``) or a function atom
+        compared, ``f(...) >= rhs`` (``c`` is the comparison); the rhs's temporaries are
+        allocated before the function's own."""
+        _, name, args = call
+        sig = RELATIONS.get(name)
+        if sig is None:
+            raise CompileError(field_, f"unknown relation {name!r}; known: {', '.join(sorted(RELATIONS))}")
+        if len(args) != len(sig.args):
+            raise CompileError(field_, f"{name} takes {len(sig.args)} argument(s), got {len(args)}")
+        sx = [self.relation_arg(a, s, f"argument {k + 1} of {name}", field_)
+              for k, (a, s) in enumerate(zip(args, sig.args))]
+        call_sx = f"({name} {' '.join(sx)})"
+        if sig.result is None:
+            if c[0] != "item":
+                raise CompileError(field_, f"unexpected {c[1]!r} after {name}(...)")
+            return [call_sx]
+        if c[0] != "cmp":
+            raise CompileError(field_, f"{name} is a function: compare it, e.g. '{name}(...) >= 2'")
+        rhs, more = self.arith(c[3], field_)
+        t = self.tmp()
+        return [f"(= {t} {call_sx})"] + more + [f"({_CMP_OPS[c[1]]} {t} {rhs})"]
 
-    def value(self, toks, k, field_):
-        return self._arith(toks[k:], field_)
+    def relation_arg(self, a: tuple, sort: str, what: str, field_: str) -> str:
+        """One argument of a relation or compared function: ``?x`` (declared with the
+        argument's sort), ``_`` (an anonymous variable), an integer or a string/name."""
+        if a[0] == "var":
+            self.declare(a[1], sort, field_)
+            return P.qvar(a[1])
+        if a[0] == "wild":
+            return f"anon_{self.tmp()}"
+        if a[0] == "neg" and a[1][0] == "lit" and isinstance(a[1][1], int):
+            return str(-a[1][1])
+        if a[0] == "lit":
+            return str(a[1]) if isinstance(a[1], int) else P.sx_str(a[1])
+        raise CompileError(field_, f"bad {what}: expected a metavariable, '_', an integer or a name")
 
-    def _arith(self, toks, field_):
-        """Integer arithmetic over ints, metavariables and function calls -> (sexp, atoms)."""
-        pos = 0
+    def arith(self, v: tuple, field_: str) -> tuple[str, list[str]]:
+        """Integer arithmetic over ints, metavariables and function calls -> (sexp, atoms);
+        temporaries are allocated left to right. A metavariable seen first here is an Int."""
         atoms: list[str] = []
 
-        def peek():
-            return toks[pos]
+        def walk(v):
+            kind = v[0]
+            if kind == "lit" and isinstance(v[1], int):
+                return str(v[1])
+            if kind == "var":
+                self.sorts.setdefault(v[1], "Int")
+                return P.qvar(v[1])
+            if kind == "neg":
+                return f"(- 0 {walk(v[1])})"
+            if kind == "op":
+                a, b = walk(v[2]), walk(v[3])
+                if v[1] in ("/", "%") and b == "0":
+                    raise CompileError(field_, f"'{v[1]} 0' divides by zero")
+                return f"({v[1]} {a} {b})"
+            if kind == "group" and len(v[1]) == 1 and v[1][0][0] == "item":
+                return walk(v[1][0][1])
+            if kind == "call":
+                return function(v[1], v[2])
+            shown = repr(v[1]) if kind == "lit" else "'_'" if kind == "wild" else "a parenthesised clause"
+            raise CompileError(field_, f"unexpected {shown} in a comparison")
 
-        def atom():
-            nonlocal pos
-            t = toks[pos]
-            pos += 1
-            if t.kind == "int":
-                return t.text
-            if t.kind == "mvar":
-                name = t.text[1:]
-                if name not in self.sorts:
-                    self.sorts[name] = "Int"
-                return P.qvar(name)
-            if t.kind == "op" and t.text == "-":
-                return f"(- 0 {atom()})"
-            if t.kind == "op" and t.text == "(":
-                v = add()
-                pos += 1
-                return v
-            if t.kind == "word" and toks[pos].kind == "op" and toks[pos].text == "(":
-                sig = RELATIONS.get(t.text)
-                if sig is None or sig.result is None:
-                    raise CompileError(field_, f"{t.text} is not a function")
-                pos += 1
-                args = []
-                while not (toks[pos].kind == "op" and toks[pos].text == ")"):
-                    a = toks[pos]
-                    if a.kind == "mvar":
-                        args.append(P.qvar(a.text[1:]))
-                    elif a.kind == "int":
-                        args.append(a.text)
-                    else:
-                        raise CompileError(field_, f"bad argument {a.text!r}")
-                    pos += 1
-                    if toks[pos].kind == "op" and toks[pos].text == ",":
-                        pos += 1
-                pos += 1
-                tmp = self.tmp()
-                atoms.append(f"(= {tmp} ({t.text} {' '.join(args)}))")
-                return tmp
-            raise CompileError(field_, f"unexpected {t.text!r} in a comparison")
+        def function(name, args):
+            sig = RELATIONS.get(name)
+            if sig is None or sig.result is None:
+                raise CompileError(field_, f"{name} is not a function")
+            if len(args) != len(sig.args):
+                raise CompileError(field_, f"{name} takes {len(sig.args)} argument(s), got {len(args)}")
+            sx = []
+            for k, a in enumerate(args):
+                if a[0] == "var":
+                    sx.append(P.qvar(a[1]))
+                elif a[0] == "lit" and isinstance(a[1], int):
+                    sx.append(str(a[1]))
+                else:
+                    raise CompileError(field_, f"bad argument {k + 1} of {name}: expected a metavariable or an integer")
+            tmp = self.tmp()
+            atoms.append(f"(= {tmp} ({name} {' '.join(sx)}))")
+            return tmp
 
-        def mul():
-            nonlocal pos
-            a = atom()
-            while peek().kind == "op" and peek().text in ("*", "/", "%"):
-                op = peek().text
-                pos += 1
-                rhs = atom()
-                if op in ("/", "%") and rhs.strip() == "0":
-                    raise CompileError(field_, f"'{op} 0' divides by zero")
-                a = f"({op} {a} {rhs})"
-            return a
-
-        def add():
-            nonlocal pos
-            a = mul()
-            while peek().kind == "op" and peek().text in ("+", "-"):
-                op = peek().text
-                pos += 1
-                a = f"({op} {a} {mul()})"
-            return a
-
-        v = add()
-        if peek().kind != "eof":
-            raise CompileError(field_, f"unexpected {peek().text!r}")
-        return v, atoms
-
-
-def _balanced(text: str) -> bool:
-    depth = 0
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-def _split_and(text: str) -> list[str]:
-    """Split ``a(..) and b(..) and ?x > 2`` at top-level ``and`` words (commas inside
-    parentheses are not split)."""
-    parts, depth, cur = [], 0, ""
-    toks = re.split(r"(\(|\)|\band\b)", text)
-    for t in toks:
-        if t == "(":
-            depth += 1
-        elif t == ")":
-            depth -= 1
-        if t == "and" and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += t
-    if cur.strip():
-        parts.append(cur.strip())
-    return [p for p in parts if p]
+        return walk(v), atoms
 
 
 def _mvar_name(text: str, field_: str) -> str:

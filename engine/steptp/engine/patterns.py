@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -80,46 +79,6 @@ LIST = "TL"
 # ---------------------------------------------------------------------------
 # Parsing: pattern.lark (grammar.lark extended with metavariables) via steptp.leir.parser
 # ---------------------------------------------------------------------------
-
-_TOKEN_RE = re.compile(r"""
-    (?P<ws>\s+)
-  | (?P<float>(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)
-  | (?P<int>\d+)
-  | (?P<mvar>\?[A-Za-z](?:[A-Za-z0-9]|_(?!\{))*)
-  | (?P<name>[A-Z][A-Za-z0-9]*)
-  | (?P<word>[a-z](?:[a-z0-9]|_(?!\{))*)
-  | (?P<str>"[^"]*"|'[^']*')
-  | (?P<op>\*\*|//|<=|>=|==|!=|&&|\|\||[-+*/%<>=!&|(),;\[\]{}^_])
-""", re.VERBOSE)
-
-
-@dataclass(frozen=True)
-class Tok:
-    """One token of :func:`tokenize` (``kind``: float int mvar name word str op eof)."""
-
-    kind: str
-    text: str
-    pos: int
-
-
-def tokenize(src: str) -> list[Tok]:
-    """Split the text of a ``where:`` clause into tokens for the clause compiler of
-    :mod:`steptp.engine.match` (patterns themselves are parsed by the grammar, see
-    :func:`parse_expr_pattern`). The token classes are those of ``pattern.lark``
-    (metavariables, names, words, numbers, quoted strings, operators). Raises
-    :class:`PatternError` on a character no token starts with."""
-    out: list[Tok] = []
-    pos = 0
-    while pos < len(src):
-        m = _TOKEN_RE.match(src, pos)
-        if not m:
-            raise PatternError(f"unexpected character {src[pos]!r} at column {pos + 1} in {src!r}")
-        kind = m.lastgroup
-        if kind != "ws":
-            out.append(Tok(kind, m.group(), pos))
-        pos = m.end()
-    out.append(Tok("eof", "", len(src)))
-    return out
 
 
 def _slot(tok):
@@ -303,6 +262,51 @@ def parse_value_tree(src: str):
     ``("op", o, a, b)``, ``("call", f, [args])``, ``("cmp", o, a, b)``, ``("and"|"or", a,
     b)``, ``("not", a)``. Raises :class:`PatternError`; cached per text."""
     return _parse(src, "value", _ValueToTree())
+
+
+@v_args(inline=True)
+class _WhereToTree(_ValueToTree):
+    """lark tree of the ``where_clause`` rule -> nested tuples: the value-language nodes of
+    :func:`parse_value_tree` plus ``("wild",)`` for ``_``, ``("neg", x)`` for ``-x`` (not
+    ``0 - x``: ``-1`` is a literal argument) and ``("group", [items])`` for a
+    parenthesised ``A and B ...``, under ``("item", x)``, ``("cmp", o, a, b)`` or ``("not",
+    item)``."""
+
+    def where_clause(self, item):
+        return item
+
+    def w_bare(self, a):
+        return ("item", a)
+
+    def w_cmp(self, a, op, b):
+        return ("cmp", str(op), a, b)
+
+    def w_not(self, _op, a):
+        return ("not", self.w_bare(a))
+
+    def w_not_cmp(self, _op, a, op, b):
+        return ("not", self.w_cmp(a, op, b))
+
+    def w_wild(self):
+        return ("wild",)
+
+    def v_neg(self, a):
+        return ("neg", a)
+
+    def w_group(self, *items):
+        return ("group", [x for x in items if not isinstance(x, Token)])
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_where_clause(src: str):
+    """Parse one string item of a rule's ``where:`` list (entry rule ``where_clause`` of
+    ``pattern.lark``): a relation atom ``rel(?a, _, 3, "L", name)``, a comparison
+    ``item_count(?N) == 1`` / ``?ho + ?kk == ?hp + 1``, either one after ``not``, or a
+    negated group ``not (A and B)``. Returns ``("item", x)``, ``("cmp", op, lhs, rhs)`` or
+    ``("not", item)``, whose values are the tuples of :func:`parse_value_tree` plus
+    ``("wild",)``, ``("neg", x)`` and ``("group", [items])``. Raises :class:`PatternError` naming line and
+    column; cached per text."""
+    return _parse(src, "where_clause", _WhereToTree())
 
 
 # ---------------------------------------------------------------------------
@@ -756,9 +760,9 @@ def _match(p, n, env, sorts) -> bool:
 
 
 __all__ = [
-    "PatternError", "TemplateError", "PVar", "PSplice", "SUBS", "LOOPS", "LIST", "Tok", "tokenize",
+    "PatternError", "TemplateError", "PVar", "PSplice", "SUBS", "LOOPS", "LIST",
     "parse_expr_pattern", "parse_loops_pattern", "parse_equation_pattern", "parse_nest_pattern",
-    "parse_item_template", "parse_value_tree",
+    "parse_item_template", "parse_value_tree", "parse_where_clause",
     "TERM", "STRING", "INT", "metavar_sorts", "metavars", "iter_nodes",
     "sx_str", "float_key", "qvar", "to_sexp", "loop_sexp", "list_sexp",
     "value_to_expr", "eval_int", "instantiate", "match_node",

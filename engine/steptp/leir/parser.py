@@ -5,8 +5,9 @@ sub/superscript orders are accepted (``B^{8}_{tx=0}`` and ``B_{tx=0}^{8}``), as 
 "correction" form ``L1[x;]L2[y;];`` which means ``L1[x;L2[y;];];`` (reference-notes §1.1).
 Comparison chains ``1<=c<7`` become ``1<=c & c<7``.
 
-Rule text (patterns, templates and the value language of :mod:`steptp.engine.patterns`
-and :mod:`steptp.engine.domains`) is parsed by ``pattern.lark``, which imports this
+Rule text (patterns, templates, the value language of :mod:`steptp.engine.patterns`
+and :mod:`steptp.engine.domains`, and the ``where:`` clauses of :mod:`steptp.engine.match`)
+is parsed by ``pattern.lark``, which imports this
 grammar and extends it (``%import`` / ``%extend`` / ``%override``): :func:`parse_rule_text`
 returns the tree of one of its entry rules (:data:`RULE_TEXT_STARTS`) transformed by the
 caller's :class:`LeirToAst` subclass, with the same errors as :func:`parse_program`.
@@ -96,8 +97,10 @@ def _lark() -> Lark:
 
 
 #: Entry rules of ``pattern.lark``: a value pattern, a loop list, an equation (``;``
-#: optional), a nest, a body item (nest or equation) and a value expression.
-RULE_TEXT_STARTS = ("pattern_expr", "pattern_loops", "pattern_equation", "pattern_nest", "pattern_item", "value")
+#: optional), a nest, a body item (nest or equation), a value expression and one
+#: ``where:`` clause of a rule.
+RULE_TEXT_STARTS = ("pattern_expr", "pattern_loops", "pattern_equation", "pattern_nest", "pattern_item", "value",
+                    "where_clause")
 
 
 @lru_cache(maxsize=1)
@@ -378,9 +381,9 @@ def parse_program(text: str, source: str = "<string>") -> A.Program:
 
 
 def parse_rule_text(text: str, start: str, transformer: LeirToAst, source: str = "<string>"):
-    """Parse rule text (a pattern, template or value expression) with the entry rule
-    ``start`` of ``pattern.lark`` (one of :data:`RULE_TEXT_STARTS`; the grammar imports
-    and extends ``grammar.lark``) and return ``transformer.transform(tree)``.
+    """Parse rule text (a pattern, template, value expression or ``where:`` clause) with
+    the entry rule ``start`` of ``pattern.lark`` (one of :data:`RULE_TEXT_STARTS`; the
+    grammar imports and extends ``grammar.lark``) and return ``transformer.transform(tree)``.
 
     Raises :class:`LeirSyntaxError` naming ``source``, line, column and the expected tokens
     on malformed text, or at the token a :class:`SemanticError` raised by the transformer
