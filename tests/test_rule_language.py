@@ -7,7 +7,6 @@ and the ``stp rules list / lint / coverage`` commands; plus a brand-new rule wri
 temporary directory and applied with ``stp apply`` (no Python change)."""
 
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -330,23 +329,24 @@ rewrite:
 
 
 def test_many_clause_precondition_scales_and_costs_only_itself():
-    """A 14-clause precondition over three consecutive nests on a 4x replicated program:
-    four times the sites, within a second, and asking another rule afterwards does not run
-    it again (each rule has its own schedule)."""
+    """A 14-clause precondition over three consecutive nests (joined in egglog stages) on a
+    4x replicated program: four times the sites, and asking another rule afterwards does
+    not run it again (each rule has its own schedule). Its speed is a figure of
+    benchmarks/bench_matching.py (the many-clause probe), not an assertion here."""
     r = rule(MANY, "many")
+    assert "(relation stg1__many" in M.compile_rule(r).text
     prog = merge_programs([load_leir(p) for p in sorted(EXAMPLES.glob("*.leir"))])
     n_small = len(M.Matcher([r]).sites_of(r, prog))
     big = replicate(prog, 4)
     other = {x.id: x for x in load_rules()}["logsimp"]
     m = M.Matcher([r, other])
     m._load(big)
-    t0 = time.perf_counter()
     sites = m.sites_of(r, big)
     assert len(sites) == 4 * n_small and n_small > 0
-    assert time.perf_counter() - t0 < 2.0
+    many_ms = m.timings["rule_ms"]["many"]
     m.sites_of(other, big)
     assert set(m.timings["rule_ms"]) == {"many", "logsimp"}
-    assert m.timings["rule_ms"]["logsimp"] < 500
+    assert m.timings["rule_ms"]["many"] == many_ms  # not run again
 
 
 def test_replicate_and_merge_give_valid_programs():
