@@ -544,6 +544,26 @@ def _run_units(progs: list[_Program], opts: Options, defer: bool) -> None:
             break
 
 
+def one_reference_thread() -> None:
+    """Run PyTorch references (and numpy/BLAS) on one thread in this process, so that the
+    recorded errors against PyTorch do not depend on the machine: a GEMM accumulates in
+    another order with two threads than with one (111 of 3,136 entries of the 200-program
+    corpus recorded another ``original_verification.max_abs_err``), and a dataset must be
+    the same files whatever ``-j``, ``--ray`` or the cores of the machine. It also stops
+    OpenMP threads spinning on cores that the other dataset workers use (-j 2 on the 200
+    programs' originals: 28.1 instead of 32.6 s of CPU). Sets ``OMP_NUM_THREADS=1`` for a
+    later ``import torch`` and ``torch.set_num_threads(1)`` when it is already imported."""
+    import os
+    import sys
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 def process_batch(srcs: list[Source], opts: Options) -> list[ProgramResult]:
     """Generate the verified steps of several programs (runs in a worker process); one
     :class:`ProgramResult` per source, in order.
@@ -555,9 +575,11 @@ def process_batch(srcs: list[Source], opts: Options) -> list[ProgramResult]:
     rules that lost a candidate there try their next ones in another round. The outcome is
     the same as verifying every candidate with nvcc one by one, so it does not depend on how
     the programs are grouped. ``seconds`` of a result is the program's own time plus its
-    share of the batched nvcc runs."""
+    share of the batched nvcc runs. PyTorch references run on one thread
+    (:func:`one_reference_thread`)."""
     from ..backend import nvcc_path
 
+    one_reference_thread()
     nvcc_ran = bool(opts.nvcc and nvcc_path() is not None)
     defer = nvcc_ran and opts.with_cuda
     progs = [_Program(src, opts) for src in srcs]
