@@ -465,6 +465,27 @@ def main(A: T.Buffer((64,), "float32")):
     assert elapsed < 60
 
 
+@pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not on PATH")
+def test_nvcc_joins_generated_cuda_sources_and_pins_a_broken_one():
+    """The dataset's nvcc round: TVM's CUDA C of several programs (f32 and f16 preambles,
+    each kernel named main_kernel) joined into one file with renamed kernels; a broken one is
+    bisected out."""
+    from steptp.backend.build import cuda_groups, joined_cuda
+
+    srcs = [cuda_source(mod(MATMUL_HDR, MATMUL_BODY)), cuda_source(softmax("f16")), cuda_source(softmax("f32"))]
+    assert all("main_kernel" in s for s in srcs)
+    assert cuda_groups(dict(enumerate(srcs))) == [[0, 1, 2]]
+    joined = joined_cuda(srcs)
+    assert all(f"s{k}_main_kernel" in joined for k in range(3)) and "cuda_fp16.h" in joined
+    res = nvcc_check(srcs)
+    assert [r.status for r in res] == ["ok"] * 3 and {r.batch for r in res} == {3}
+    i = srcs[2].find('extern "C" __global__')
+    j = srcs[2].find("{", i)
+    broken = srcs[2][:j + 1] + " not_declared_here = 1;" + srcs[2][j + 1:]
+    res = nvcc_check([srcs[0], broken, srcs[1]])
+    assert [r.status for r in res] == ["ok", "nvcc", "ok"] and "not_declared_here" in res[1].reason
+
+
 def test_nvcc_absent_is_skipped(monkeypatch):
     monkeypatch.setattr(build_mod, "nvcc_path", lambda: None)
     res = nvcc_check([mod(MATMUL_HDR, MATMUL_BODY)])

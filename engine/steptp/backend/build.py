@@ -662,16 +662,21 @@ def _split_cuda(cu: str) -> tuple[str, str]:
     return (cu, "") if i < 0 else (cu[:i], cu[i:])
 
 
+def _is_include(line: str) -> bool:
+    return line.lstrip().startswith("#include <") and line.rstrip().endswith(">")
+
+
 def cuda_groups(sources: Mapping[int, str]) -> list[list[int]]:
     """Sources (index -> CUDA C from TVM) grouped so that each group compiles as one file:
     a source joins the first group (largest preamble first) whose preamble contains every
-    line of its own preamble. TVM's preambles differ only by what they add (fp16 helpers,
-    ``math_constants.h``): the dataset's 6,272 kernels of 200 corpus programs have 4
-    preambles, each line set contained in the largest."""
+    line of its own preamble other than ``#include <...>`` lines (which
+    :func:`joined_cuda` puts first). TVM's preambles differ only by what they add (fp16
+    helpers, ``#include <math_constants.h>``): the 6,272 kernels of the 200-program corpus
+    dataset have 4 preambles, each contained in the largest, and one file per batch."""
     order = sorted(sources, key=lambda i: (-len(_split_cuda(sources[i])[0]), i))
     groups: list[tuple[set[str], list[int]]] = []
     for i in order:
-        lines = set(_split_cuda(sources[i])[0].splitlines())
+        lines = {ln for ln in _split_cuda(sources[i])[0].splitlines() if not _is_include(ln)}
         for have, members in groups:
             if lines <= have:
                 members.append(i)
@@ -682,11 +687,15 @@ def cuda_groups(sources: Mapping[int, str]) -> list[list[int]]:
 
 
 def joined_cuda(sources: Sequence[str]) -> str:
-    """One CUDA C file of several TVM sources: the largest preamble once (see
-    :func:`cuda_groups`), then each source's kernels with their names prefixed ``s<k>_``
-    (TVM names every kernel ``main_kernel...``)."""
+    """One CUDA C file of several TVM sources: the ``#include <...>`` lines of the other
+    preambles that the largest lacks, the largest preamble once (see :func:`cuda_groups`),
+    then each source's kernels with their names prefixed ``s<k>_`` (TVM names every kernel
+    ``main_kernel...``)."""
     parts = [_split_cuda(cu) for cu in sources]
-    out = [max((p for p, _ in parts), key=len)]
+    preamble = max((p for p, _ in parts), key=len)
+    have = set(preamble.splitlines())
+    extra = list(dict.fromkeys(ln for p, _ in parts for ln in p.splitlines() if _is_include(ln) and ln not in have))
+    out = extra + [preamble]
     for k, (_, body) in enumerate(parts):
         for name in sorted(set(_KERNEL_NAME.findall(body)), key=len, reverse=True):
             body = re.sub(rf"\b{re.escape(name)}\b", f"s{k}_{name}", body)
