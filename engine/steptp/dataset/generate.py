@@ -463,10 +463,9 @@ class _Program:
                              seconds=self.seconds)
 
 
-def _choose_derived(units: list[_Program], opts: Options, key: str, round_no: int) -> list[tuple[_Program, tuple]]:
-    """The seeded sample of round ``round_no - 1``'s verified steps of one source program
-    (``units``: its originals of that round) that become round ``round_no``'s derived
-    originals: distinct transformed programs, ``opts.derived_per_round`` of them at most."""
+def _verified_pool(units: list[_Program]) -> list[tuple[str, _Program, tuple]]:
+    """``(entry id, unit, kept step)`` of every distinct verified transformed program of
+    ``units``, sorted by entry id (the seeded choices below sample from it)."""
     pool, seen = [], set()
     for u in units:
         for item in u.kept_steps():
@@ -475,6 +474,14 @@ def _choose_derived(units: list[_Program], opts: Options, key: str, round_no: in
                 seen.add(text)
                 pool.append((item[0], u, item))
     pool.sort(key=lambda x: x[0])
+    return pool
+
+
+def _choose_derived(units: list[_Program], opts: Options, key: str, round_no: int) -> list[tuple[_Program, tuple]]:
+    """The seeded sample of round ``round_no - 1``'s verified steps of one source program
+    (``units``: its originals of that round) that become round ``round_no``'s derived
+    originals: distinct transformed programs, ``opts.derived_per_round`` of them at most."""
+    pool = _verified_pool(units)
     from ..engine.service import seeded_rng
 
     rng = seeded_rng(opts.seed, key, f"round{round_no}")
@@ -499,14 +506,7 @@ def _follow_ups(units: list[_Program], opts: Options, key: str) -> list[_Program
     for u in units:
         for run in u.runs:
             rules.setdefault(run.rule.id, run.rule)
-    pool, seen = [], set()
-    for u in units:
-        for item in u.kept_steps():
-            text = format_program(item[1].after.program)
-            if text not in seen:
-                seen.add(text)
-                pool.append((item[0], u, item))
-    pool.sort(key=lambda x: x[0])
+    pool = _verified_pool(units)
     groups: dict[str, tuple[_Program, tuple, set]] = {}
     for rid in sorted(rules):
         follows = rules[rid].follows
