@@ -254,3 +254,21 @@ def test_screening_policy_proposes_the_best_scored_first():
     node = Search(root, pol, _Measure()).root
     assert [p.strategy for p in pol.propose(node, [], 3)] == ["s10", "s9", "s8"]
     assert [p.strategy for p in pol.propose(node, [], 2)] == ["s7", "s6"]
+
+
+def test_evolutionary_sizes_from_the_command_line(tmp_path):
+    """--population/--screen/--measure set the evolutionary search's sizes (recorded in the
+    summary's params): one measured candidate per round gives one sample per round; the
+    flags are refused for another algorithm."""
+    softmax = Path(__file__).resolve().parents[1] / "examples" / "softmax.leir"
+    out = tmp_path / "evo"
+    res = CliRunner().invoke(app, ["search", str(softmax), "-o", str(out), "--algorithm", "evolutionary",
+                                   "--population", "2", "--screen", "8", "--measure", "1", "-n", "2", "-q"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["params"]["population"] == 2 and summary["params"]["screen"] == 8
+    assert summary["params"]["measure"] == 1 and summary["samples"] <= 2
+    res = CliRunner().invoke(app, ["search", str(softmax), "-o", str(tmp_path / "g"), "--algorithm", "greedy",
+                                   "--screen", "8"])
+    assert res.exit_code == 2 and "--screen: not a parameter of --algorithm greedy" in res.output
+    assert not (tmp_path / "g").exists()

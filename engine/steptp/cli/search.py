@@ -49,6 +49,15 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                                        help="MCTS: UCT exploration constant c (sqrt 2)."),
            rollout_depth: Optional[int] = typer.Option(None, "--rollout-depth", min=0,
                                                        help="MCTS: policy steps per rollout (1)."),
+           population: Optional[int] = typer.Option(None, "--population", min=1,
+                                                    help="evolutionary: fastest measured programs mutated per "
+                                                         "round (4)."),
+           screen: Optional[int] = typer.Option(None, "--screen", min=1,
+                                                help="evolutionary: proposals per parent scored by the cost "
+                                                     "model (32)."),
+           measure: Optional[int] = typer.Option(None, "--measure", min=1,
+                                                 help="evolutionary: best-scored candidates verified and timed "
+                                                      "per round (2)."),
            max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1,
                                                      help="Stop a search after this many verified samples."),
            per_rule: int = typer.Option(8, "--per-rule", min=1,
@@ -114,13 +123,14 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         except EndpointError as e:
             fail(str(e), 1)
     overrides = {"breadth": breadth, "per_node": per_node, "k": beam_k, "max_depth": max_depth, "c": exploration,
-                 "rollout_depth": rollout_depth}
+                 "rollout_depth": rollout_depth, "population": population, "screen": screen, "measure": measure}
     from ..search.algorithms import DEFAULTS
 
     bad = [k for k, v in overrides.items() if v is not None and k not in DEFAULTS[algorithm]]
     if bad:
         names = {"breadth": "--breadth", "per_node": "--per-node", "k": "--beam-k", "max_depth": "--max-depth",
-                 "c": "--exploration", "rollout_depth": "--rollout-depth"}
+                 "c": "--exploration", "rollout_depth": "--rollout-depth", "population": "--population",
+                 "screen": "--screen", "measure": "--measure"}
         fail(f"{', '.join(names[b] for b in bad)}: not a parameter of --algorithm {algorithm}")
     cfg = SearchConfig(algorithm=algorithm, policy=policy, rank=rank, device=device, seed=seed, iterations=iterations,
                        overrides={k: v for k, v in overrides.items() if v is not None}, per_rule=per_rule,
