@@ -145,9 +145,6 @@ class _PatternToAst(LeirToAst):
             raise SemanticError(f"unexpected keyword {str(tok)!r}", tok)
         return A.Index(str(tok))
 
-    def loops(self, *items):
-        return tuple(items)
-
     def extent(self, e):
         return e.value if isinstance(e, A.Int) else e
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..leir import LeirModule, format_program
 
@@ -97,25 +97,12 @@ class Node:
 
     def record(self) -> dict:
         """One ``tree.jsonl`` line."""
+        from ..engine.service import plain  # the engine package loads egglog: only when recording
+
         return {"id": self.id, "parent": self.parent, "depth": self.depth, "status": self.status,
                 "reason": self.reason, "strategy": self.strategy, "site": self.site,
-                "params": _jsonable(self.params), "time_us": self.time_us, "speedup": self.speedup,
+                "params": plain(self.params), "time_us": self.time_us, "speedup": self.speedup,
                 "sample": self.sample, "iteration": self.iteration, "leir": self.text}
-
-
-def _jsonable(v: Any):
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    try:
-        from ..leir.printer import format_node
-
-        return format_node(v)  # LEIR subterms (math-rule parameter domains) as LEIR text
-    except Exception:  # noqa: BLE001 - any other value is recorded as its text
-        return str(v)
 
 
 @dataclass

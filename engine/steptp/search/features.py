@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 
 from ..leir import ast as A
+from ..backend.preflight import linear_form
 from ..leir.analysis import index_names, is_self_referencing
 from .cost import Target, _accesses, _ops, estimate_ns
 
@@ -60,26 +61,12 @@ FEATURE_NAMES: tuple[str, ...] = (
 
 
 def _coef(e: A.Expr, var: str) -> float:
-    """Coefficient of index ``var`` in a (linear) subscript; 0 when absent, 1 when not linear."""
-    if isinstance(e, A.Index):
-        return 1.0 if e.name == var else 0.0
-    if isinstance(e, (A.Int, A.Float)):
-        return 0.0
-    if isinstance(e, A.Neg):
-        return -_coef(e.operand, var)
-    if isinstance(e, A.BinOp):
-        a, b = _coef(e.lhs, var), _coef(e.rhs, var)
-        if e.op == "+":
-            return a + b
-        if e.op == "-":
-            return a - b
-        if e.op == "*":
-            if isinstance(e.rhs, A.Int):
-                return a * e.rhs.value
-            if isinstance(e.lhs, A.Int):
-                return b * e.lhs.value
+    """Coefficient of index ``var`` in a (linear) subscript; 0 when absent, 1 when not linear
+    (:func:`steptp.backend.preflight.linear_form`)."""
+    form = linear_form(e)
+    if form is None:
         return 1.0 if var in index_names(e) else 0.0
-    return 1.0 if var in index_names(e) else 0.0
+    return float(form.get(var, 0))
 
 
 def _eq_features(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> dict:

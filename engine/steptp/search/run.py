@@ -243,7 +243,7 @@ def _strategy_names(strategy: str | None) -> list[str]:
 
 def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: float) -> dict:
     """The ``summary.json`` dict of a finished search."""
-    from .core import _jsonable
+    from ..engine.service import plain
 
     traj = s.trajectory()
     strategies = sorted({x for n in traj[1:] for x in _strategy_names(n.strategy)})
@@ -264,7 +264,7 @@ def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: flo
         "root_time_us": s.root.time_us,
         "best": {"node": best.id, "depth": best.depth, "time_us": best.time_us, "speedup": speedup,
                  "leir": best.text},
-        "trajectory": [{"step": i, "node": n.id, "strategy": n.strategy, "site": n.site, "params": _jsonable(n.params),
+        "trajectory": [{"step": i, "node": n.id, "strategy": n.strategy, "site": n.site, "params": plain(n.params),
                         "leir": n.text, "time_us": n.time_us, "speedup": n.speedup, "cot": n.cot}
                        for i, n in enumerate(traj)],
         "curve": [[a, b] for a, b in s.curve],
