@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import re
@@ -122,6 +123,7 @@ def _load_linked(executable):
     d = _SCRATCH.get(pid)
     if d is None or not os.path.isdir(d):
         d = _SCRATCH[pid] = tempfile.mkdtemp(prefix="stp-obj-")
+        atexit.register(shutil.rmtree, d, True)
     _LOADED += 1
     base = os.path.join(d, f"k{_LOADED}")
     try:

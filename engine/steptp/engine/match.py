@@ -585,20 +585,16 @@ def _staged(atoms: list[str], sorts: dict[str, str], columns: list[str], tag: st
     start, k = 0, 0
     n = len(atoms)
     while n - start > STAGE_ATOMS + 2:
-        cut = None
+        cut, keep = None, []
         for c in range(start + STAGE_ATOMS, n - 2):
             before = set(carried).union(*var_sets[start:c])
-            after = out_vars.union(*var_sets[c:])
-            cross = before & after
+            cross = before & out_vars.union(*var_sets[c:])
             grounded = set(carried).union(*(_grounded(a) for a in atoms[start:c]))
             if before <= grounded and all(v.startswith("mv_") and v[3:] in sorts for v in cross):
-                cut = c
+                cut, keep = c, sorted(cross)
                 break
         if cut is None:
             break
-        before = set(carried).union(*var_sets[start:cut])
-        after = out_vars.union(*var_sets[cut:])
-        keep = sorted(before & after)
         k += 1
         rel = f"stg{k}__{tag}"
         lines.append(f"(relation {rel} ({' '.join(EGG_SORT[sorts[v[3:]]] for v in keep)}))")
