@@ -359,17 +359,14 @@ def _nvcc_round(runs: list[_RuleRun], opts: Options) -> None:
 
 def _settle_nvcc(pending: list, results: list) -> None:
     """Keep the pending candidates that nvcc compiled; record the others as build failures."""
-    runs = []
     for (run, (step, res, art, slot)), nv in zip(pending, results):
-        if run not in runs:
-            runs.append(run)
         if nv.ok is False:
             reason = f"build: {nv.status}: {nv.reason}"
             run.attempts[slot] = run.failed(reason, step, res, stage="build")
         else:
             run.attempts[slot] = {"rule": run.rule.id, "outcome": "equal", "reason": res.reason}
             run.kept.append((step, res, art))
-    for run in runs:
+    for run in dict.fromkeys(run for run, _ in pending):
         run.pending.clear()
 
 
