@@ -29,6 +29,7 @@ from ..leir.fileformat import LeirModule
 from ..leir.parser import LeirSyntaxError, parse_program
 from ..leir.printer import format_program
 from . import patterns as P
+from .domains import DOMAIN_MODIFIERS, DOMAINS
 from .filters import EXTRA_DOMAINS, check_filters, passes_filters, rule_filters
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
 from .service import seeded_rng
@@ -165,10 +166,65 @@ def _domain(rule, name: str, env: dict, module: LeirModule) -> list:
         raise RewriteError(f"rule {rule.id}: parameter {name}: {e}") from None
 
 
+_DEPS: dict[tuple, frozenset | None] = {}
+
+
+def _expression_vars(v) -> set[str]:
+    """Metavariables read by the value expressions anywhere in a YAML value."""
+    if isinstance(v, dict):
+        return set().union(*[_expression_vars(x) for x in v.values()]) if v else set()
+    if isinstance(v, list):
+        return set().union(*[_expression_vars(x) for x in v]) if v else set()
+    return value_vars(parse_value(v)) if is_expression(v) else set()
+
+
+def _domain_deps(rule, name: str) -> frozenset | None:
+    """The other parameters the domain of ``name`` depends on (directly or through
+    ``let:`` entries), or None when unknown (a domain computed in Python may read any
+    binding). Cached per rule."""
+    key = (rule.key, name)
+    if key in _DEPS:
+        return _DEPS[key]
+    spec = rule.params[name]
+    deps: frozenset | None = None
+    if all(k in DOMAINS or k in DOMAIN_MODIFIERS for k in spec):
+        seen: set[str] = set()
+        todo = list(_expression_vars(spec))
+        while todo:
+            v = todo.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in rule.let:
+                todo.extend(let_vars(rule.let[v]))
+        deps = frozenset(v for v in seen if v in rule.params and v != name)
+    _DEPS[key] = deps
+    return deps
+
+
 def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fixed: dict,
                       limit: int | None = None) -> list[dict]:
-    """All parameter assignments (product over the domains, in YAML order)."""
+    """All parameter assignments (product over the domains, in YAML order). A domain is
+    computed once per value of the parameters it depends on (:func:`_domain_deps`), not
+    once per assignment of every earlier parameter."""
     out: list[dict] = []
+    memo: dict[tuple, list] = {}
+
+    def domain(n: str, cur: dict) -> list:
+        deps = _domain_deps(rule, n)
+        key = None
+        if deps is not None:
+            try:
+                key = (n, tuple((d, cur.get(d)) for d in sorted(deps)))
+                hit = memo.get(key)
+            except TypeError:  # an unhashable value: no memo
+                key = hit = None
+            if hit is not None:
+                return hit
+        dom = _domain(rule, n, {**env, **cur}, module)
+        if key is not None:
+            memo[key] = dom
+        return dom
 
     def rec(i: int, cur: dict):
         if limit is not None and len(out) >= limit:
@@ -178,8 +234,7 @@ def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fix
                 out.append(dict(cur))
             return
         n = names[i]
-        e = {**env, **cur}
-        dom = _domain(rule, n, e, module)
+        dom = domain(n, cur)
         vals = [_in_domain(fixed[n], dom)] if n in fixed else dom
         if n in fixed and vals[0] is None:
             return

@@ -25,6 +25,9 @@ occurrences: each occurrence becomes its own site (egglog-notes Q2).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
 import re
 import time
 from collections import OrderedDict
@@ -36,7 +39,7 @@ from ..leir.fileformat import LeirModule
 from ..leir.printer import format_node
 from . import patterns as P
 from .egraph import ANALYSIS_SCHEDULE, EGG_SORT, RELATIONS, EggSession, ProgramIndex
-from .primitives import EqRef, NestRef, value_occurrences
+from .primitives import EqRef, NestRef, value_children
 
 
 class CompileError(ValueError):
@@ -84,9 +87,13 @@ class Site:
         return (self.scope, self.nest, self.nests, self.equation, self.expr, self.loop, self.tensor)
 
     def sort_key(self) -> tuple:
-        """Deterministic order of sites: scope, equation, nest, loop, expression path, tensor."""
+        """Deterministic order of sites: scope, equation, nest, loop, expression path,
+        tensor, then the bindings' text (see :func:`sort_sites`)."""
+        return self._location_key() + (repr(self.bindings),)
+
+    def _location_key(self) -> tuple:
         return (self.scope, self.equation or (), self.nest or (), self.nests, self.loop if self.loop is not None else -1,
-                self.expr or (), self.tensor or "", repr(self.bindings))
+                self.expr or (), self.tensor or "")
 
     def __str__(self) -> str:
         p = lambda t: "(" + ",".join(map(str, t)) + ")"  # noqa: E731
@@ -176,6 +183,15 @@ class CompiledRule:
     def column_sorts(self) -> list[str]:
         """Logical sort of each candidate-row column."""
         return [self.sorts[c] for c in self.columns]
+
+    @functools.cached_property
+    def query_key(self) -> tuple:
+        """What the egglog query computes, without the rule's name: two rules with the same
+        key (e.g. the ten normal-form rules, each matching every equation ``?X = ?v``) have
+        the same candidate rows on any program, so a matcher runs the query once."""
+        tag = self.relation[len("cand__"):]
+        text = self.text.replace(tag, "R").replace(f':name "{self.rule_id}"', ':name "R"')
+        return (text, self.scope, tuple(self.columns), tuple(sorted(self.sorts.items())), self.scope_vars)
 
 
 _CMP_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "=", "!=": "!="}
@@ -675,8 +691,14 @@ class Matcher:
             return hit
         cr = self.compiled[rule.key]
         t0 = time.perf_counter()
-        self.session.run(cr.schedule)
-        sites = rows_to_sites(cr, self.session.rows(cr.relation), ix)
+        qk = ("query", cr.query_key)
+        shared = self._done.get(qk)
+        if shared is None:
+            self.session.run(cr.schedule)
+            sites = rows_to_sites(cr, self.session.rows(cr.relation), ix)
+            self._done[qk] = sites
+        else:  # the same query for another rule: its rows, relabelled
+            sites = [dataclasses.replace(x, rule=cr.rule_id) for x in shared]
         if cr.checks:
             sites = [x for x in sites if _checks_hold(cr, x, module)]
         self.timings["rule_ms"][rule.id] = 1e3 * (time.perf_counter() - t0)
@@ -706,6 +728,7 @@ def rows_to_sites(cr: CompiledRule, rows: list[list], ix: ProgramIndex) -> list[
     """Decode candidate rows into sites (one site per subterm occurrence for ``expr``)."""
     out: list[Site] = []
     sorts = cr.column_sorts()
+    occurrences: dict[tuple, dict] = {}  # equation path -> subterm -> its value paths (pre-order)
     for row in rows:
         env: dict[str, Any] = {}
         for name, s, v in zip(cr.columns, sorts, row):
@@ -719,8 +742,10 @@ def rows_to_sites(cr: CompiledRule, rows: list[list], ix: ProgramIndex) -> list[
         scope = cr.scope
         if scope == "expr":
             eq_path = env["eq"].path
-            eq = ix.eqs[ix.eq_paths.index(eq_path)]
-            for epath in value_occurrences(eq.value, env["site"]):
+            occ = occurrences.get(eq_path)
+            if occ is None:
+                occ = occurrences[eq_path] = _subterm_paths(ix.eqs[ix.eq_paths.index(eq_path)].value)
+            for epath in occ.get(env["site"], ()):
                 out.append(Site(cr.rule_id, scope, nest=env["nest"].path, equation=eq_path, expr=epath, bindings=b))
         elif scope == "equation":
             out.append(Site(cr.rule_id, scope, nest=env["nest"].path, equation=env["eq"].path, bindings=b))
@@ -734,7 +759,31 @@ def rows_to_sites(cr: CompiledRule, rows: list[list], ix: ProgramIndex) -> list[
             out.append(Site(cr.rule_id, scope, nest=refs[0].path, nests=tuple(r.path for r in refs), bindings=b))
         else:
             out.append(Site(cr.rule_id, scope, tensor=env[cr.scope_vars[0]], bindings=b))
-    out.sort(key=Site.sort_key)
+    return sort_sites(out)
+
+
+def _subterm_paths(e: A.Expr) -> dict:
+    """Every subterm of ``e`` in value positions -> the paths of its occurrences, in
+    pre-order (:func:`~steptp.engine.primitives.value_occurrences` for all subterms at once)."""
+    out: dict = {}
+    stack = [(e, ())]
+    while stack:
+        x, path = stack.pop()
+        out.setdefault(x, []).append(path)
+        kids = value_children(x)
+        stack.extend((kids[i], path + (i,)) for i in range(len(kids) - 1, -1, -1))
+    return out
+
+
+def sort_sites(sites: list[Site]) -> list[Site]:
+    """``sites`` in :meth:`Site.sort_key` order. The bindings' text, the last key, is
+    computed only within runs of equal locations (printing every site's bindings was a
+    fifth of the time to list the candidates of the expression rules)."""
+    keyed = sorted(((s._location_key(), s) for s in sites), key=lambda p: p[0])
+    out: list[Site] = []
+    for _, run in itertools.groupby(keyed, key=lambda p: p[0]):
+        run = [s for _, s in run]
+        out.extend(run if len(run) == 1 else sorted(run, key=lambda x: repr(x.bindings)))
     return out
 
 
@@ -803,5 +852,5 @@ def clear_caches() -> None:
     _COMPILED.clear()
 
 
-__all__ = ["CompileError", "Site", "display", "IMPLICIT", "CompiledRule", "compile_rule", "check_in_egglog", "Matcher",
+__all__ = ["CompileError", "Site", "sort_sites", "display", "IMPLICIT", "CompiledRule", "compile_rule", "check_in_egglog", "Matcher",
            "rows_to_sites", "matcher_for", "shared_matcher", "find_sites", "find_sites_many", "clear_caches"]

@@ -87,13 +87,25 @@ def _inlinable(function: str):
     return keep
 
 
-def _through_targets(module, ref, target: A.Expr, function: str) -> list[A.Expr]:
+_THROUGH = IdentityMemo()
+
+
+def _through_targets(module, ref, target: A.Expr, function: str) -> tuple[A.Expr, ...]:
+    """:func:`steptp.engine.algebra.through_targets` for the equation ``ref``, memoised
+    per program (by identity) and (nest, target, function): the look-through domain and
+    filter ask it once per candidate argument of the same equation."""
     from . import algebra as G
 
     if not isinstance(ref, EqRef) or len(ref.path) != 2:
-        return [target]
-    sig = frozenset(t.name for t in module.signature.tensors)
-    return G.through_targets(module.program, ref.path[0], target, sig, keep=_inlinable(function))
+        return (target,)
+    cache = _THROUGH.get((module.program, module.signature), dict)
+    key = (ref.path[0], target, function)
+    hit = cache.get(key)
+    if hit is None:
+        sig = frozenset(t.name for t in module.signature.tensors)
+        hit = cache[key] = tuple(G.through_targets(module.program, ref.path[0], target, sig,
+                                                   keep=_inlinable(function)))
+    return hit
 
 
 def _through(module, ref, target: A.Expr, function: str, arg=None) -> A.Expr:
@@ -272,11 +284,22 @@ def _value_tensors(e: A.Expr) -> list[A.Tensor]:
     return out
 
 
-def _in_condition(value: A.Expr, term: A.Expr) -> bool:
-    for x in A.walk(value):
-        if isinstance(x, (A.Compare, A.BoolOp, A.Not)) and any(y == term for y in A.walk(x)):
-            return True
-    return False
+_CONDITION_TERMS = IdentityMemo()
+
+
+def _in_condition(prog: A.Program, path: tuple, value: A.Expr, term: A.Expr) -> bool:
+    """``term`` occurs inside a comparison or boolean operator of ``value``, the value of
+    the equation at ``path`` of ``prog`` (the subterms under conditions are collected once
+    per equation: a split rule asks at every subterm)."""
+    cache = _CONDITION_TERMS.get((prog,), dict)
+    inside = cache.get(path)
+    if inside is None:
+        inside = set()
+        for x in A.walk(value):
+            if isinstance(x, (A.Compare, A.BoolOp, A.Not)):
+                inside.update(A.walk(x))
+        cache[path] = inside
+    return term in inside
 
 
 _TAINTED = IdentityMemo()
@@ -335,7 +358,7 @@ def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -
     if not isinstance(ref, EqRef):
         return []
     eq = get_item(prog, ref.path)
-    if eq.target.dtype not in G.FLOAT_DTYPES or _in_condition(eq.value, term) \
+    if eq.target.dtype not in G.FLOAT_DTYPES or _in_condition(prog, ref.path, eq.value, term) \
             or any(x == eq.target for x in A.walk(term)):
         return []  # never the accumulator (nor a term containing it): X = max(X, f) keeps its form
     top = ref.path[0]

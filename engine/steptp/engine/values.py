@@ -681,11 +681,10 @@ def element_definition(prog: A.Program, term, k: int, signature=frozenset()):
     if not isinstance(term, A.Tensor) or term.name in signature:
         return term
     site = prog.nests[k]
-    writers = [(i, n, eq) for i, n in enumerate(prog.nests) for _, eq in n.equations()
-               if eq.target.name == term.name]
-    if len(writers) != 1:
+    writers, written = _writer_index(prog)
+    if len(writers.get(term.name, ())) != 1:
         return term
-    i, producer, eq = writers[0]
+    i, producer, eq = writers[term.name][0]
     if i >= k or len(producer.body) != 1 or producer.body[0] is not eq or producer.loops != site.loops:
         return term
     if eq.target.indices != term.indices:
@@ -696,10 +695,32 @@ def element_definition(prog: A.Program, term, k: int, signature=frozenset()):
     reads = _tensors_read(eq.value)
     if term.name in reads:
         return term
-    for n in prog.nests[i:k + 1]:
-        if any(e.target.name in reads for _, e in n.equations()):
-            return term
+    if any(not reads.isdisjoint(w) for w in written[i:k + 1]):
+        return term
     return eq.value
+
+
+_WRITERS = IdentityMemo()
+
+
+def _writer_index(prog: A.Program) -> tuple[dict[str, list], list[frozenset]]:
+    """``(writers, written)`` of ``prog``, once per program (by identity): tensor name ->
+    every ``(top-level nest, nest, equation)`` writing it, in program order; and per
+    top-level nest the names it writes. :func:`element_definition` asks at every read of
+    every look-through candidate; scanning the program each time made listing the math
+    rules' candidates quadratic in the nest count."""
+    def compute():
+        writers: dict[str, list] = {}
+        written = []
+        for i, n in enumerate(prog.nests):
+            names = set()
+            for _, eq in n.equations():
+                writers.setdefault(eq.target.name, []).append((i, n, eq))
+                names.add(eq.target.name)
+            written.append(frozenset(names))
+        return writers, written
+
+    return _WRITERS.get((prog,), compute)
 
 
 def _definition(ctx, term, nest):

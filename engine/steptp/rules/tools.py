@@ -16,6 +16,7 @@ the rule files name them).
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -141,7 +142,8 @@ def match_cost(rules, module: LeirModule, repeat: int = 3, candidates: bool = Fa
     ``module``, each run from a fresh program load: ``{"load_ms", "rules": {id: ms},
     "total_ms", "counts": {id: n}}``. ``load_ms`` (inserting the facts and saturating the
     analysis strata) is shared by all rules; ``rules`` is each rule's own schedule plus its
-    ``{check:}`` clauses and the decoding of its rows.
+    ``{check:}`` clauses and the decoding of its rows. Each run lists the candidates of a
+    fresh deep copy of ``module``, so memos kept by program identity do not carry over.
 
     ``candidates=True`` times what the dataset pays instead: ``list_candidates`` (sites x
     parameters, through the process-wide matcher and its site cache, emptied before each
@@ -168,7 +170,11 @@ def match_cost(rules, module: LeirModule, repeat: int = 3, candidates: bool = Fa
     loads, totals = [], []
     per: dict[str, list[float]] = {r.id: [] for r in rules}
     counts: dict[str, int] = {}
+    original = module
     for _ in range(repeat):
+        # a fresh copy each run: the per-program memos (kept by program identity) start
+        # empty, as for each new candidate program of a search or dataset run
+        module = copy.deepcopy(original)
         if candidates:
             M._SITES.clear()
         m._unload()
