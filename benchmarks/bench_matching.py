@@ -99,8 +99,6 @@ def main(argv=None) -> int:
     small = merge_programs(mods, "examples")
     big = replicate(small, 4)
     match_cost(rules, small, 1, candidates=True)  # warm-up: rule texts loaded into the e-graph, imports done
-    import gc, os
-    if os.environ.get("FREEZE"): gc.freeze()
     for prog in (small, big):
         res = match_cost(rules, prog, args.repeat, candidates=True)
         n = len(prog.program.nests)

@@ -145,15 +145,27 @@ def let_vars(spec) -> set[str]:
     return value_vars(parse_value(spec)) if is_expression(spec) else set()
 
 
+_LETS: dict[str, tuple] = {}
+
+
+def _lets(rule) -> tuple:
+    """``(name, spec, the metavariables it reads)`` of every ``let:`` entry (cached per rule)."""
+    hit = _LETS.get(rule.key)
+    if hit is None:
+        hit = _LETS[rule.key] = tuple((name, spec, frozenset(let_vars(spec))) for name, spec in rule.let.items())
+    return hit
+
+
 def _settle_let(rule, env: dict, module: LeirModule) -> None:
     """Evaluate every ``let`` entry whose inputs are available (repeat until stable)."""
-    changed = True
+    lets = _lets(rule)
+    changed = bool(lets)
     while changed:
         changed = False
-        for name, spec in rule.let.items():
+        for name, spec, needs in lets:
             if name in env:
                 continue
-            if let_vars(spec) <= set(env):
+            if needs <= env.keys():
                 env[name] = eval_let(spec, EvalContext(module, env))
                 changed = True
 

@@ -263,6 +263,8 @@ def _analyse(module) -> tuple[dict[str, float], frozenset]:
 
 
 _BOUNDS = IdentityMemo()
+#: the subterms of an equation's value (by identity): every candidate of a site asks
+_SUBTERMS = IdentityMemo()
 
 
 def _analysis(module) -> tuple[dict[str, float], frozenset]:
@@ -293,7 +295,7 @@ def introduces_overflow(module, loops: tuple[A.Loop, ...], dtype: str, old: A.Ex
         return False
     bounds, nonneg = _analysis(module)
     extents = {l.var: l.extent for l in loops}
-    seen = set(A.walk(old))
+    seen = _SUBTERMS.get((old,), lambda: frozenset(A.walk(old)))
     return any(expr_bound(t, bounds, extents, nonneg) > limit for t in A.walk(new) if t not in seen)
 
 

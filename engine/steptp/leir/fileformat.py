@@ -18,6 +18,7 @@ inferred from its index ranges. Other ``%`` lines are free comments.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -53,10 +54,15 @@ class Signature:
     tensors: tuple[TensorDecl, ...] = ()
 
     def get(self, name: str) -> TensorDecl | None:
+        """The declaration of tensor ``name``, or None."""
+        return self._by_name.get(name)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, TensorDecl]:
+        out: dict[str, TensorDecl] = {}
         for t in self.tensors:
-            if t.name == name:
-                return t
-        return None
+            out.setdefault(t.name, t)  # the first declaration, as a scan would find
+        return out
 
     @property
     def names(self) -> tuple[str, ...]:
