@@ -617,7 +617,11 @@ def process_safe(src: Source, opts: Options) -> ProgramResult:
 
 def process_batch_safe(srcs: list[Source], opts: Options) -> list[ProgramResult]:
     """:func:`process_batch` that never raises: after an unexpected crash the programs are
-    redone one by one (:func:`process_safe`), so the crash costs only the program behind it."""
+    redone one by one (:func:`process_safe`), so the crash costs only the program behind it.
+    The process's collector is tuned once (:func:`steptp.engine.service.settle_heap`)."""
+    from ..engine.service import settle_heap
+
+    settle_heap()
     try:
         return process_batch(list(srcs), opts)
     except Exception:  # noqa: BLE001

@@ -221,6 +221,7 @@ def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fix
     once per assignment of every earlier parameter."""
     out: list[dict] = []
     memo: dict[tuple, list] = {}
+    filtered = bool(rule_filters(rule))
 
     def domain(n: str, cur: dict) -> list:
         deps = _domain_deps(rule, n)
@@ -242,7 +243,7 @@ def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fix
         if limit is not None and len(out) >= limit:
             return
         if i == len(names):
-            if passes_filters(rule, {**env, **cur}, module):
+            if not filtered or passes_filters(rule, {**env, **cur}, module):
                 out.append(dict(cur))
             return
         n = names[i]
@@ -291,8 +292,9 @@ def list_candidates(rule, module: LeirModule, check: bool = False) -> list[tuple
     """
     rule = _as_rule(rule)
     out = []
+    names = list(rule.params)
     for s in find_sites(rule, module):
-        for p in _enumerate_params(rule, dict(s.env), module, list(rule.params), {}):
+        for p in _enumerate_params(rule, s.env, module, names, {}):
             out.append((s, p))
     if check and out:
         rows = checked_candidates(rule, module, out)

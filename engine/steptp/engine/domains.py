@@ -284,15 +284,19 @@ def _domain_values(spec: dict, ctx: EvalContext) -> list:
         if key is None:
             raise ValueExprError(f"unknown domain {spec!r}")
         vals = list(EXTRA_DOMAINS[key](spec, ctx))
-    ex = {_norm(eval_value(x, ctx)) for x in spec.get("exclude", [])}
-    vals = [v for v in vals if _norm(v) not in ex]
+    if spec.get("exclude"):
+        ex = {_norm(eval_value(x, ctx)) for x in spec["exclude"]}
+        vals = [v for v in vals if _norm(v) not in ex]
     req = spec.get("require")
     if req:
         conds = req if isinstance(req, list) else [req]
         name = spec.get("_name")
+        env = dict(ctx.env) if name else ctx.env
+        sub = EvalContext(ctx.module, env)  # one context, ?name rebound for each value
         kept = []
         for v in vals:
-            sub = EvalContext(ctx.module, {**ctx.env, name: v} if name else ctx.env)
+            if name:
+                env[name] = v
             if all(bool(eval_value(c, sub)) for c in conds):
                 kept.append(v)
         vals = kept

@@ -38,7 +38,7 @@ from ..leir import ast as A
 from ..leir.fileformat import LeirModule
 from ..leir.printer import format_node
 from . import patterns as P
-from .egraph import ANALYSIS_SCHEDULE, EGG_SORT, RELATIONS, EggSession, ProgramIndex
+from .egraph import ANALYSIS_SCHEDULE, EGG_SORT, OPTIONAL_FACTS, RELATIONS, EggSession, ProgramIndex
 from .primitives import EqRef, NestRef, value_children
 
 
@@ -674,7 +674,9 @@ class Matcher:
         self._unload()
         t0 = time.perf_counter()
         self.session.run("(push)")
-        ix = self.session.load_program(module)
+        skip = frozenset(r for r in OPTIONAL_FACTS
+                         if not any(f"({r} " in cr.text for cr in self.compiled.values()))
+        ix = self.session.load_program(module, skip=skip)
         t1 = time.perf_counter()
         self.session.run(ANALYSIS_SCHEDULE)
         t2 = time.perf_counter()

@@ -137,10 +137,36 @@ def _step(spec: tuple, program, rule_id: str, index: int | None, seed: int, chec
     return apply_rule(rule, module, seed=seed, site=site, params=params)
 
 
+#: generation-0 threshold (allocations between young collections) and the two older
+#: generations' thresholds of :func:`settle_heap`
+GC_THRESHOLDS = (20_000, 50, 100)
+
+
+def settle_heap() -> None:
+    """Tune this process's garbage collector for candidate listing, once per process: move
+    what is alive now (modules, grammars, loaded rules, caches) to the permanent generation
+    (``gc.freeze``) and raise the collection thresholds to :data:`GC_THRESHOLDS` (CPython's
+    defaults are 700, 10, 10). Listing the candidates of all rules keeps tens of thousands
+    of sites and candidates alive at once; with the defaults each listing on a 124-nest
+    program ran one or more full collections over the whole heap, 50-100 ms each, about a
+    fifth of the listing (``benchmarks/bench_matching.py``). Results never depend on it.
+    Called by the engine service's worker (:func:`ready`) and by ``stp dataset``'s workers.
+    Source: Python ``gc.freeze`` / ``gc.set_threshold`` documentation."""
+    if _STATE.get("heap_settled"):
+        return
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    _STATE["heap_settled"] = True
+
+
 def ready() -> bool:
-    """Worker: import the engine (a fresh worker's first call; about 1-2 s)."""
+    """Worker: import the engine (a fresh worker's first call; about 1-2 s), then
+    :func:`settle_heap`."""
     from .. import engine  # noqa: F401
 
+    settle_heap()
     return True
 
 
@@ -412,5 +438,5 @@ class EngineService:
         return r
 
 
-__all__ = ["seeded_rng", "bounded", "plain", "EngineService", "Applied", "ready", "count_candidates",
+__all__ = ["seeded_rng", "bounded", "plain", "EngineService", "Applied", "ready", "settle_heap", "GC_THRESHOLDS", "count_candidates",
            "apply_candidate", "rule_results"]
