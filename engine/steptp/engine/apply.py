@@ -178,7 +178,7 @@ def _domain(rule, name: str, env: dict, module: LeirModule) -> list:
         raise RewriteError(f"rule {rule.id}: parameter {name}: {e}") from None
 
 
-_DEPS: dict[tuple, frozenset | None] = {}
+_DEPS: dict[tuple, tuple | None] = {}
 
 
 def _expression_vars(v) -> set[str]:
@@ -190,15 +190,15 @@ def _expression_vars(v) -> set[str]:
     return value_vars(parse_value(v)) if is_expression(v) else set()
 
 
-def _domain_deps(rule, name: str) -> frozenset | None:
-    """The other parameters the domain of ``name`` depends on (directly or through
+def _domain_deps(rule, name: str) -> tuple | None:
+    """The other parameters (sorted) the domain of ``name`` depends on (directly or through
     ``let:`` entries), or None when unknown (a domain computed in Python may read any
     binding). Cached per rule."""
     key = (rule.key, name)
     if key in _DEPS:
         return _DEPS[key]
     spec = rule.params[name]
-    deps: frozenset | None = None
+    deps: tuple | None = None
     if all(k in DOMAINS or k in DOMAIN_MODIFIERS for k in spec):
         seen: set[str] = set()
         todo = list(_expression_vars(spec))
@@ -209,7 +209,7 @@ def _domain_deps(rule, name: str) -> frozenset | None:
             seen.add(v)
             if v in rule.let:
                 todo.extend(let_vars(rule.let[v]))
-        deps = frozenset(v for v in seen if v in rule.params and v != name)
+        deps = tuple(sorted(v for v in seen if v in rule.params and v != name))
     _DEPS[key] = deps
     return deps
 
@@ -219,16 +219,24 @@ def _enumerate_params(rule, env: dict, module: LeirModule, names: list[str], fix
     """All parameter assignments (product over the domains, in YAML order). A domain is
     computed once per value of the parameters it depends on (:func:`_domain_deps`), not
     once per assignment of every earlier parameter."""
+    filtered = bool(rule_filters(rule))
+    if len(names) <= 1 and not fixed and limit is None:  # most rules: no closures, no memo
+        if not names:
+            return [{}] if not filtered or passes_filters(rule, dict(env), module) else []
+        n = names[0]
+        dom = _domain(rule, n, dict(env), module)
+        if not filtered:
+            return [{n: v} for v in dom]
+        return [{n: v} for v in dom if passes_filters(rule, {**env, n: v}, module)]
     out: list[dict] = []
     memo: dict[tuple, list] = {}
-    filtered = bool(rule_filters(rule))
 
     def domain(n: str, cur: dict) -> list:
         deps = _domain_deps(rule, n)
         key = None
         if deps is not None:
             try:
-                key = (n, tuple((d, cur.get(d)) for d in sorted(deps)))
+                key = (n, tuple([cur.get(d) for d in deps]))
                 hit = memo.get(key)
             except TypeError:  # an unhashable value: no memo
                 key = hit = None

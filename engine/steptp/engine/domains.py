@@ -128,14 +128,24 @@ def _compile(t) -> Callable:
         name = t[1]
 
         def f_var(ctx):
-            env = ctx.env
-            if name not in env:
-                raise ValueExprError(f"?{name} is not bound here")
-            v = env[name]
+            try:
+                v = ctx.env[name]
+            except KeyError:
+                raise ValueExprError(f"?{name} is not bound here") from None
             return v.value if isinstance(v, A.Int) else v
         return f_var
     if kind == "call":
         fname, args = t[1], [_compile(a) for a in t[2]]
+        entry = VALUE_FUNCTIONS.get(fname)  # registered at import, never replaced
+        if entry is not None and (entry[0] < 0 or entry[0] == len(args)):
+            fn = entry[1]
+            if len(args) == 1:
+                a0 = args[0]
+                return lambda ctx: fn(ctx, a0(ctx))
+            if len(args) == 2:
+                a0, a1 = args
+                return lambda ctx: fn(ctx, a0(ctx), a1(ctx))
+            return lambda ctx: fn(ctx, *[a(ctx) for a in args])
 
         def f_call(ctx):
             if fname not in VALUE_FUNCTIONS:
@@ -245,7 +255,7 @@ def permutations(items: tuple, exclude_identity: bool = True, keep_innermost_kin
     return out
 
 
-def _domain_values(spec: dict, ctx: EvalContext) -> list:
+def _domain_values(spec: dict, ctx: EvalContext, name: str | None = None) -> list:
     if "divisors_of" in spec:
         n = eval_value(spec["divisors_of"], ctx)
         if not isinstance(n, int) or n <= 0:
@@ -288,19 +298,75 @@ def _domain_values(spec: dict, ctx: EvalContext) -> list:
         ex = {_norm(eval_value(x, ctx)) for x in spec["exclude"]}
         vals = [v for v in vals if _norm(v) not in ex]
     req = spec.get("require")
-    if req:
+    if req and vals:
         conds = req if isinstance(req, list) else [req]
-        name = spec.get("_name")
         env = dict(ctx.env) if name else ctx.env
         sub = EvalContext(ctx.module, env)  # one context, ?name rebound for each value
+        checks = [_require_fn(c, name) for c in conds]
+        memo: dict = {}  # values of the subexpressions that do not read ?name
         kept = []
         for v in vals:
             if name:
                 env[name] = v
-            if all(bool(eval_value(c, sub)) for c in conds):
+            if all(bool(f(sub, memo)) for f in checks):
                 kept.append(v)
         vals = kept
     return vals
+
+
+_REQUIRE: dict[tuple, Callable] = {}
+
+
+def _require_fn(cond, name: str | None) -> Callable:
+    """``fn(ctx, memo)`` evaluating the ``require:`` condition ``cond`` of parameter ``name``
+    like :func:`eval_value`, except that a subexpression not reading ``?name`` is evaluated
+    once per domain (on first use, kept in ``memo``) instead of once per candidate value:
+    value functions are pure, so every value sees the same result, in the same order of
+    evaluation and with the same errors. Compiled once per (text, name)."""
+    key = (cond, name)
+    fn = _REQUIRE.get(key)
+    if fn is None:
+        if not is_expression(cond):
+            fn = lambda ctx, memo, v=cond: v  # noqa: E731
+        else:
+            fn = _specialize(parse_value(cond), name)
+        _REQUIRE[key] = fn
+    return fn
+
+
+def _specialize(t, name: str | None) -> Callable:
+    if name is None or name not in value_vars(t):
+        f = _compile(t)
+        k = object()  # this subexpression's slot in the memo
+
+        def constant(ctx, memo):
+            if k in memo:
+                return memo[k]
+            v = memo[k] = f(ctx)
+            return v
+        return constant
+    kind = t[0]
+    if kind in ("and", "or"):
+        a, b = _specialize(t[1], name), _specialize(t[2], name)
+        if kind == "and":
+            return lambda ctx, memo: bool(a(ctx, memo)) and bool(b(ctx, memo))
+        return lambda ctx, memo: bool(a(ctx, memo)) or bool(b(ctx, memo))
+    if kind == "not":
+        a = _specialize(t[1], name)
+        return lambda ctx, memo: not bool(a(ctx, memo))
+    if kind == "cmp":
+        op, a, b = t[1], _specialize(t[2], name), _specialize(t[3], name)
+        cmp = _CMP_FN[op]
+
+        def f_cmp(ctx, memo):
+            x, y = a(ctx, memo), b(ctx, memo)
+            try:
+                return cmp(x, y)
+            except TypeError:
+                raise ValueExprError(f"cannot compare {x!r} {op} {y!r}") from None
+        return f_cmp
+    f = _compile(t)  # a call or arithmetic reading ?name: evaluated per value
+    return lambda ctx, memo: f(ctx)
 
 
 def _norm(v):
@@ -318,6 +384,4 @@ def domain_values(spec: dict, ctx: EvalContext, name: str | None = None) -> list
     """All admissible values of one parameter, deterministic order (see :data:`DOMAINS`).
 
     ``require`` conditions are evaluated with the candidate value bound to ``?name``."""
-    if name is not None:
-        spec = {**spec, "_name": name}
-    return [_norm(v) for v in _domain_values(spec, ctx)]
+    return [_norm(v) for v in _domain_values(spec, ctx, name)]

@@ -700,7 +700,7 @@ class Matcher:
             sites = rows_to_sites(cr, self.session.rows(cr.relation), ix)
             self._done[qk] = sites
         else:  # the same query for another rule: its rows, relabelled
-            sites = [dataclasses.replace(x, rule=cr.rule_id) for x in shared]
+            sites = [_relabelled(x, cr.rule_id) for x in shared]
         if cr.checks:
             sites = [x for x in sites if _checks_hold(cr, x, module)]
         self.timings["rule_ms"][rule.id] = 1e3 * (time.perf_counter() - t0)
@@ -710,6 +710,33 @@ class Matcher:
     def sites(self, module: LeirModule, rules: list | None = None) -> dict[str, list[Site]]:
         """Every match site of every rule (rule id -> sorted sites)."""
         return {r.id: self.sites_of(r, module) for r in (self.rules if rules is None else rules)}
+
+
+_SITE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Site) if f.name not in ("rule", "scope")}
+
+
+def _site_maker(rule_id: str, scope: str):
+    """``make(**fields)`` building :class:`Site` objects of one rule and scope without the
+    frozen dataclass's per-field ``__init__`` (rows_to_sites builds thousands; the values
+    come decoded from the rule's own rows)."""
+    base = {"rule": rule_id, "scope": scope, **_SITE_DEFAULTS}
+
+    def make(**fields) -> Site:
+        out = object.__new__(Site)
+        d = out.__dict__
+        d.update(base)
+        d.update(fields)
+        return out
+    return make
+
+
+def _relabelled(site: Site, rule_id: str) -> Site:
+    """``site`` with another rule id (``dataclasses.replace`` without re-running the frozen
+    dataclass's ``__init__``: the fields are already checked)."""
+    out = object.__new__(Site)
+    out.__dict__.update(site.__dict__)
+    out.__dict__["rule"] = rule_id
+    return out
 
 
 def _checks_hold(cr: CompiledRule, site: Site, module: LeirModule) -> bool:
@@ -730,37 +757,42 @@ def rows_to_sites(cr: CompiledRule, rows: list[list], ix: ProgramIndex) -> list[
     """Decode candidate rows into sites (one site per subterm occurrence for ``expr``)."""
     out: list[Site] = []
     sorts = cr.column_sorts()
+    columns = cr.columns
+    order = sorted(range(len(columns)), key=columns.__getitem__)  # bindings sorted by name
+    refs: dict[tuple, Any] = {}  # one NestRef / EqRef per id
+
+    def ref(kind, v):
+        r = refs.get((kind, v))
+        if r is None:
+            r = refs[(kind, v)] = NestRef(ix.nest_paths[v]) if kind == "Nest" else EqRef(ix.eq_paths[v])
+        return r
+
     occurrences: dict[tuple, dict] = {}  # equation path -> subterm -> its value paths (pre-order)
+    rid, scope = cr.rule_id, cr.scope
+    site = _site_maker(rid, scope)
     for row in rows:
-        env: dict[str, Any] = {}
-        for name, s, v in zip(cr.columns, sorts, row):
-            if s == "Nest":
-                env[name] = NestRef(ix.nest_paths[v])
-            elif s == "Eq":
-                env[name] = EqRef(ix.eq_paths[v])
-            else:
-                env[name] = v
-        b = tuple(sorted(env.items()))
-        scope = cr.scope
+        vals = [ref(s, v) if s in ("Nest", "Eq") else v for s, v in zip(sorts, row)]
+        env = dict(zip(columns, vals))
+        b = tuple([(columns[k], vals[k]) for k in order])
         if scope == "expr":
             eq_path = env["eq"].path
             occ = occurrences.get(eq_path)
             if occ is None:
                 occ = occurrences[eq_path] = _subterm_paths(ix.eqs[ix.eq_paths.index(eq_path)].value)
+            nest = env["nest"].path
             for epath in occ.get(env["site"], ()):
-                out.append(Site(cr.rule_id, scope, nest=env["nest"].path, equation=eq_path, expr=epath, bindings=b))
+                out.append(site(nest=nest, equation=eq_path, expr=epath, bindings=b))
         elif scope == "equation":
-            out.append(Site(cr.rule_id, scope, nest=env["nest"].path, equation=env["eq"].path, bindings=b))
+            out.append(site(nest=env["nest"].path, equation=env["eq"].path, bindings=b))
         elif scope == "loop":
-            out.append(Site(cr.rule_id, scope, nest=env["nest"].path, loop=env["pos"], bindings=b))
+            out.append(site(nest=env["nest"].path, loop=env["pos"], bindings=b))
         elif scope == "nest":
-            n = env[cr.scope_vars[0]]
-            out.append(Site(cr.rule_id, scope, nest=n.path, bindings=b))
+            out.append(site(nest=env[cr.scope_vars[0]].path, bindings=b))
         elif scope == "nests":
-            refs = [env[x] for x in cr.scope_vars]
-            out.append(Site(cr.rule_id, scope, nest=refs[0].path, nests=tuple(r.path for r in refs), bindings=b))
+            paths = tuple(env[x].path for x in cr.scope_vars)
+            out.append(site(nest=paths[0], nests=paths, bindings=b))
         else:
-            out.append(Site(cr.rule_id, scope, tensor=env[cr.scope_vars[0]], bindings=b))
+            out.append(site(tensor=env[cr.scope_vars[0]], bindings=b))
     return sort_sites(out)
 
 
