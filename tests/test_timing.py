@@ -110,25 +110,42 @@ def test_measure_rejects_bad_settings():
         measure(m, repeat=0)
 
 
-@pytest.mark.parametrize("source", ["matmul", "softmax", "gemm_relu", "parallel", "vp"])
+# exp in vector loops: plain, nested, large and -inf arguments; an equation with a guard
+# (if_then_else) keeps T.exp (TVM's vectoriser loses let bindings around a select)
+VEXP_PROGRAM = """% program: vexp
+% input A: f32[4,64]
+% output C: f32[4,64]
+% output D: f32[4,64]
+% output E: f32[4,64]
+B^{4}_{tx=0}V^{64}_{a=0}[C^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}/(1.0+exp(-A^{f32,g}_{tx,a}));];
+B^{4}_{tx=0}V^{64}_{a=0}[D^{f32,g}_{tx,a}=exp(exp(A^{f32,g}_{tx,a}*0.1)-2.0)+exp(A^{f32,g}_{tx,a}*20.0-max(A^{f32,g}_{tx,a}*20.0,inf));];
+B^{4}_{tx=0}L^{8}_{b=0}V^{8}_{a=0}[E^{f32,g}_{tx,b*8+a}=exp(if_then_else(b<1,-inf,A^{f32,g}_{tx,b*8+a}*20.0));];
+"""
+
+
+@pytest.mark.parametrize("source", ["matmul", "softmax", "gemm_relu", "parallel", "vp", "vexp"])
 def test_performance_build_computes_what_the_verification_form_computes(source, parallel_matmul):
     from steptp.backend.build import build_cpu
-    from steptp.backend.perf import build_perf_cpu, perf_cpu_text
+    from steptp.backend.perf import build_perf_cpu, host_cpu, perf_cpu_text
     from steptp.backend.tvmscript import POISON_MARK, THREAD_MARK, lower_module
     from steptp.verify import compare, poison_outputs, random_inputs
 
     if source == "parallel":
         m = load_leir(parallel_matmul)
-    elif source == "vp":
-        m = parse_leir(VP_PROGRAM)
+    elif source in ("vp", "vexp"):
+        m = parse_leir(VP_PROGRAM if source == "vp" else VEXP_PROGRAM)
     else:
         m = load_leir(EXAMPLES / f"{source}.leir")
     text = perf_cpu_text(m)
     assert POISON_MARK not in text and THREAD_MARK not in text and "thread_binding" not in text
+    w = host_cpu()["vector_bits"] // 32
     if source == "parallel":
         assert "T.parallel(16)" in text
-    if source == "vp":
-        assert "T.vectorized(32)" in text and "T.parallel(32)" in text
+    if source == "vp":  # the V loop split to the machine's float32 vector width
+        assert f"for _vo_a in range({32 // w}):" in text and f"T.vectorized({w})" in text and "T.parallel(32)" in text
+    if source == "vexp":
+        assert text.count("T.exp(") == 1  # only the equation with a guard keeps the libm call
+        assert text.count(": T.let = T.min(T.max(") == 4
     perf = build_perf_cpu(m)
     check = build_cpu(lower_module(m, None, "cpu", poison=True).text, m.signature)
     for trial in range(3):
@@ -222,7 +239,7 @@ def test_runtime_only_path_runs_and_times_an_exported_module_without_tvm(tmp_pat
     assert p.returncode == 0, p.stderr[-2000:]
     from steptp.backend.perf import build_perf_cpu
 
-    want = build_perf_cpu(m)(x)["E"]
+    want = build_perf_cpu(m, {"kind": "llvm"})(x)["E"]  # export_cpu's portable target
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), want)
 
 

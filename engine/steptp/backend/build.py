@@ -379,6 +379,21 @@ def build_cpu(text_or_module, signature: Signature | None = None, target: dict |
     return CpuKernel(text, ex, specs, signature is not None, time.perf_counter() - t0, entry)
 
 
+#: byte alignment of the arrays handed to kernels (TVM's ``kAllocAlignment``): code built
+#: for a wide-vector CPU may use aligned vector loads, which fault on numpy's 16-byte default
+ARRAY_ALIGNMENT = 64
+
+
+def _aligned(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised C-ordered array of ``shape``/``dtype`` at an :data:`ARRAY_ALIGNMENT`-
+    byte aligned address."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + ARRAY_ALIGNMENT, dtype=np.uint8)
+    off = (-raw.ctypes.data) % ARRAY_ALIGNMENT
+    return raw[off:off + n].view(dtype).reshape(shape)
+
+
 def _call(k: CpuKernel, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     known = {p.name for p in k.params}
     unknown = sorted(set(arrays) - known)
@@ -395,13 +410,15 @@ def _call(k: CpuKernel, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
                 kinds = {x.dtype.kind, want.kind}
                 if len(kinds) > 1 and not (kinds <= {"i", "u"} or kinds <= {"f", "V"}):
                     raise ExecError(f"tensor {p.name} has dtype {x.dtype}, expected {want}")
-            arr = np.array(x, dtype=want, copy=True, order="C")
+            arr = _aligned(p.shape, want)
+            arr[...] = x
             if p.is_output:
                 outs.append((p.name, arr))
         else:
             if k.has_signature and not p.is_output:
                 raise ExecError(f"missing input tensor {p.name} ({p.role}, {p.dtype}{list(p.shape)})")
-            arr = np.zeros(p.shape, dtype=want)
+            arr = _aligned(p.shape, want)
+            arr[...] = 0
             outs.append((p.name, arr))
         args.append(arr)
     # numpy has no DLPack for ml_dtypes.bfloat16: pass those through tvm.runtime.tensor copies

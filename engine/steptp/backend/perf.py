@@ -13,7 +13,11 @@ LEIR loop   CPU performance form
 ==========  ==============================================================================
 ``L``       serial ``range``
 ``P``       ``T.parallel``: TVM's thread pool, ``TVM_NUM_THREADS`` threads (see timing.py)
-``V``       ``T.vectorized``: LLVM vector instructions
+``V``       ``T.vectorized``: LLVM vector instructions. A ``V`` loop whose extent is a
+            multiple of the machine's float32 vector width ``w`` (:func:`host_cpu`) is a
+            serial loop over ``T.vectorized(w)``, and a float32 ``exp`` inside it the
+            Cephes polynomial of TVM's ``topi.fast_exp`` (relative error <= 3e-7): LLVM
+            has no vector ``expf`` and would call libm once per lane
 ``U``       ``T.unroll``
 ``B``       serial ``range``. A bound loop is GPU structure (a grid or block dimension).
             Making it ``T.parallel`` would build a *nested* parallel loop, which TVM
@@ -23,7 +27,9 @@ LEIR loop   CPU performance form
             ``threadIdx``. So the program's own ``P``/``V`` loops are its CPU parallelism.
 ==========  ==============================================================================
 
-The two forms compute the same values (tested: equal outputs on seeded inputs).
+The two forms compute the same values (tested on seeded inputs: equal, or within 1e-6
+relative where a ``V`` loop computes ``exp``). Builds target this machine's CPU
+(:func:`perf_cpu_target`; TVM's plain ``llvm`` target is SSE2 without FMA).
 
 **GPU export** (:func:`export_cuda`): the GPU form (``lower_module(..., "cuda")``) compiled by
 ``tvm.compile`` with ``Target({"kind": "cuda", "arch": arch}, host="llvm")``, exported with
@@ -46,21 +52,52 @@ from .hardware import DEFAULT_GPU, GpuLimits
 from .preflight import preflight
 from .tvmscript import lower_module
 
-#: LLVM target of performance builds: TVM's default optimisation level (opt-level 3), no
-#: fast-math (IEEE results, as in verification). ``mcpu`` is left to LLVM's host default.
-PERF_CPU_TARGET: dict = {"kind": "llvm"}
+_HOST: dict = {}
+
+
+def host_cpu() -> dict:
+    """``{"mcpu": LLVM's name of this machine's CPU (e.g. "znver5"), "vector_bits": 512, 256
+    or 128}`` (``tvm.target.codegen.llvm_get_system_cpu`` / ``llvm_cpu_has_features``).
+    Without ``mcpu`` TVM's ``llvm`` target is generic x86-64: SSE2, no FMA, 4 float lanes.
+    Cached per process; ``STP_PERF_MCPU`` overrides the CPU name (e.g. ``generic``)."""
+    if not _HOST:
+        tvm = _tvm()
+        cg = tvm.target.codegen
+        cpu = os.environ.get("STP_PERF_MCPU") or cg.llvm_get_system_cpu()
+        target = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+        bits = 128
+        for feature, b in (("avx512f", 512), ("avx2", 256), ("avx", 256)):
+            try:
+                if cg.llvm_cpu_has_features(feature, target):
+                    bits = b
+                    break
+            except Exception:  # noqa: BLE001 - a non-x86 host: keep 128
+                break
+        _HOST.update(mcpu=cpu, vector_bits=bits)
+    return dict(_HOST)
+
+
+def perf_cpu_target() -> dict:
+    """LLVM target of performance builds: TVM's default optimisation level (opt-level 3),
+    this machine's CPU (:func:`host_cpu`: its vector width and FMA). Kernels are built and
+    timed on the same machine (a Ray worker builds its own)."""
+    return {"kind": "llvm", "mcpu": host_cpu()["mcpu"]}
 
 
 def perf_cpu_text(module: LeirModule) -> str:
     """TVMScript of the CPU performance form (see the module docstring): no poison, bound
-    loops serial, ``P``/``V``/``U`` kept. Raises :class:`LoweringError`."""
-    return lower_module(module, None, "cpu").text
+    loops serial, ``P``/``U`` kept, ``V`` loops split to the machine's float32 vector width
+    and their float32 ``exp`` computed by a vectorisable polynomial
+    (:func:`steptp.backend.tvmscript.lower_module`'s ``fast_exp``/``vector_lanes``).
+    Raises :class:`LoweringError`."""
+    lanes = host_cpu()["vector_bits"] // 32
+    return lower_module(module, None, "cpu", fast_exp=True, vector_lanes=lanes).text
 
 
 def build_perf_cpu(module: LeirModule, target: dict | None = None) -> CpuKernel:
-    """LLVM build (``PERF_CPU_TARGET``, opt-level 3) of :func:`perf_cpu_text`. Call the
+    """LLVM build (:func:`perf_cpu_target`, opt-level 3) of :func:`perf_cpu_text`. Call the
     result with ``{name: array}`` like any :class:`CpuKernel`. Raises Lowering/BuildError."""
-    return build_cpu(perf_cpu_text(module), module.signature, target=target or PERF_CPU_TARGET)
+    return build_cpu(perf_cpu_text(module), module.signature, target=target or perf_cpu_target())
 
 
 def _params(module: LeirModule):
@@ -138,7 +175,7 @@ def export_cpu(module: LeirModule, outdir: str | os.PathLike, target: dict | Non
     runtime-only path through it on machines without a GPU). Returns the ``Built``."""
     from .cuda_runtime import Built, write_manifest  # noqa: PLC0415
 
-    k = build_perf_cpu(module, target)
+    k = build_perf_cpu(module, target or {"kind": "llvm"})  # portable: it may run on another machine
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     lib = out / "kernel.so"
@@ -169,5 +206,5 @@ def run_cuda_lowered(module_text: str, input_sets: list, limits: GpuLimits = DEF
         return run_module(built, input_sets), src
 
 
-__all__ = ["PERF_CPU_TARGET", "perf_cpu_text", "build_perf_cpu", "export_cuda", "export_cuda_cached", "export_cpu",
+__all__ = ["host_cpu", "perf_cpu_target", "perf_cpu_text", "build_perf_cpu", "export_cuda", "export_cuda_cached", "export_cpu",
            "default_ptx_cache", "run_cuda_lowered"]

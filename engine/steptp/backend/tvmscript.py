@@ -240,8 +240,22 @@ THREAD_MARK = "stp.thread_binding"
 POISON_MARK = "stp.poison"
 
 
+#: Cephes ``expf`` (the constants of TVM's ``topi.fast_exp``): exp(x) = 2^n * p(f) with
+#: n = floor(x*log2(e) + 1/2), f = x - n*ln 2 (ln 2 in two parts), p a degree-7 polynomial;
+#: x clamped to [FAST_EXP_LO, FAST_EXP_HI] first (below: 0; above: overflows to inf)
+FAST_EXP_LO, FAST_EXP_HI = -87.33654, 89.0
+_FAST_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                  5.0000001201e-1)
+
+
 class _Emitter:
     poison = False
+    #: performance form only (``lower_module(..., fast_exp=True, vector_lanes=w)``):
+    #: float32 ``exp`` inside a ``V`` loop as the polynomial :data:`_FAST_EXP_POLY` (LLVM
+    #: has no vector ``expf`` and calls libm once per lane), and ``V`` loops whose extent is
+    #: a multiple of ``w`` split into a serial loop over a vectorised loop of ``w`` lanes
+    fast_exp = False
+    vector_lanes = 0
 
     def __init__(self, prog: A.Program, sig: Signature, info: ProgramInfo, target: str):
         self.prog, self.sig, self.info, self.target = prog, sig, info, target
@@ -249,6 +263,9 @@ class _Emitter:
         self.lines: list[str] = []
         self.block_names: set[str] = set()
         self.ctx: EqContext | None = None
+        self.split: dict[str, tuple[str, str, int]] = {}   # V loop var -> (outer, inner, lanes)
+        self.lets: list[str] = []                          # let bindings before the current store
+        self.vector_eq = False                             # fast exp applies to the current equation
         self.types = {n: tvm_dtype(dt) for n, (dt, _s) in info.types.items()}
         for t in sig.tensors:
             self.types[t.name] = tvm_dtype(t.dtype)
@@ -363,6 +380,12 @@ class _Emitter:
 
     def call(self, e: A.Call, r: str) -> str:
         f = e.func
+        if f == "exp" and r == "float32" and self.fast_exp and self.vector_eq:
+            return self.fast_exp_text(self.emit(e.args[0], r))
+        if f == "if_then_else":
+            c = _strip(self.emit(e.args[0], "bool"))
+            a, b = _strip(self.emit(e.args[1], r)), _strip(self.emit(e.args[2], r))
+            return f"T.if_then_else({c}, {a}, {b})"
         if f in ("exp", "log", "sqrt", "tanh", "erf"):
             x = self.emit(e.args[0], r)
             # bf16 math, and fp16 erf (no LLVM intrinsic), compute in f32 on every target, so the
@@ -377,11 +400,23 @@ class _Emitter:
             return f"({self.emit(e.args[0], r)} {op} {self.emit(e.args[1], r)})"
         if f in ("max", "min"):
             return f"T.{f}({_strip(self.emit(e.args[0], r))}, {_strip(self.emit(e.args[1], r))})"
-        if f == "if_then_else":
-            c = _strip(self.emit(e.args[0], "bool"))
-            a, b = _strip(self.emit(e.args[1], r)), _strip(self.emit(e.args[2], r))
-            return f"T.if_then_else({c}, {a}, {b})"
         raise LoweringError(f"unsupported function {f!r}{self._where()}")
+
+    def fast_exp_text(self, x: str) -> str:
+        """float32 exp(x) as the Cephes polynomial (:data:`_FAST_EXP_POLY`), with let
+        bindings for the clamped argument, n and f (relative error <= 3e-7 on the normal
+        range; exp(-inf) = 0, exp(+inf) = inf; a NaN argument may not propagate)."""
+        k = len(self.lets) // 3
+        xc, n, fr = f"_fe{k}_x", f"_fe{k}_n", f"_fe{k}_f"
+        c = lambda v: const("float32", v)  # noqa: E731
+        self.lets += [f"{xc}: T.let = T.min(T.max({_strip(x)}, {c(FAST_EXP_LO)}), {c(FAST_EXP_HI)})",
+                      f"{n}: T.let = T.floor({xc} * {c(1.4426950408889634)} + {c(0.5)})",
+                      f"{fr}: T.let = {xc} - {n} * {c(0.693359375)} + {n} * {c(2.12194440e-4)}"]
+        p = c(_FAST_EXP_POLY[0])
+        for coef in _FAST_EXP_POLY[1:]:
+            p = f"({p} * {fr} + {c(coef)})"
+        scale = f'T.reinterpret("float32", T.shift_left(T.Cast("int32", {n}) + 126, 23))'
+        return f"(({p} * {fr} * {fr} + {fr} + {c(1.0)}) * {scale} * {c(2.0)})"
 
     def index(self, e: A.Expr) -> str:
         t = self.infer(e)
@@ -419,11 +454,17 @@ class _Emitter:
             return f"for {v} in range({l.extent}):"
         return f"for {v} in {_LOOP_FUNCS[l.kind]}({l.extent}):"
 
-    def iter_vars(self, depth: int, loops, reduce: set[str]) -> None:
+    def iter_vars(self, depth: int, loops, reduce: set[str], split: bool = True) -> None:
         if not loops:
             return
         ivs = [self.names.iv(l.var) for l in loops]
         kinds = "".join("R" if l.var in reduce else "S" for l in loops)
+        if split and any(l.var in self.split for l in loops):
+            for iv, k, l in zip(ivs, kinds, loops):
+                outer, inner, w = self.split.get(l.var, (None, None, 0))
+                src = f"{outer} * {w} + {inner}" if outer else self.names.loop[l.var]
+                self.out(depth, f"{iv} = T.axis.{'reduce' if k == 'R' else 'spatial'}({l.extent}, {src})")
+            return
         if len(loops) == 1:
             axis = "reduce" if kinds == "R" else "spatial"
             self.out(depth, f"{ivs[0]} = T.axis.{axis}({loops[0].extent}, {self.names.loop[loops[0].var]})")
@@ -444,8 +485,17 @@ class _Emitter:
         if c.sem.init is not None and use_tinit:
             self.out(depth + 1, "with T.init():")
             self.out(depth + 2, self.store(c.eq.target, const(tdt, c.sem.init)))
-        self.out(depth + 1, self.store(c.eq.target, _strip(self.emit(c.eq.value, tdt))))
-        self.ctx = None
+        # TVM 0.27's vectoriser scalarises a store holding an if_then_else and then loses the
+        # let bindings before it ("variables ... are used, but are not passed in"): such an
+        # equation keeps T.exp
+        self.vector_eq = any(l.kind == "V" for l in loops) and not any(
+            isinstance(x, A.Call) and x.func == "if_then_else" for x in A.walk(c.eq.value))
+        self.lets = []
+        value = _strip(self.emit(c.eq.value, tdt))
+        for let in self.lets:
+            self.out(depth + 1, let)
+        self.out(depth + 1, self.store(c.eq.target, value))
+        self.ctx, self.vector_eq, self.lets = None, False, []
 
     def init_nest(self, depth: int, c: EqContext) -> int:
         """Separate identity fill for an accumulation whose target is not injective."""
@@ -465,7 +515,7 @@ class _Emitter:
             self.out(d, self.loop_header(A.Loop(kind, l.extent, l.var)))
             d += 1
         self.out(d, f'with T.sblock("{self.block_name(c.eq.target.name + "_init")}"):')
-        self.iter_vars(d + 1, spatial, set())
+        self.iter_vars(d + 1, spatial, set(), split=False)
         self.out(d + 1, self.store(c.eq.target, const(self.types[c.eq.target.name], c.sem.init)))
         self.ctx = None
         return d
@@ -545,7 +595,18 @@ class _Emitter:
 
     def nest(self, depth: int, nest: A.Nest, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
         d = depth
+        added = []
         for l in nest.loops:
+            w = self.vector_lanes
+            if l.kind == "V" and w and l.extent > w and l.extent % w == 0:
+                v = self.names.loop[l.var]
+                outer, inner = f"_vo_{v}", f"_vi_{v}"
+                self.out(d, f"for {outer} in range({l.extent // w}):")
+                self.out(d + 1, f"for {inner} in T.vectorized({w}):")
+                self.split[l.var] = (outer, inner, w)
+                added.append(l.var)
+                d += 2
+                continue
             self.out(d, self.loop_header(l))
             d += 1
         if not nest.body:
@@ -557,6 +618,8 @@ class _Emitter:
                 k += 1
             else:
                 k = self.nest(d, item, ctxs, k, use_tinit)
+        for v in added:
+            del self.split[v]
         return k
 
 
@@ -580,7 +643,7 @@ def _strip(s: str) -> str:
 
 
 def lower_module(module_or_program, signature: Signature | None = None, target: str = "cpu",
-                 poison: bool = False) -> Lowered:
+                 poison: bool = False, fast_exp: bool = False, vector_lanes: int = 0) -> Lowered:
     """Lower LEIR to TVMScript and return it with its parameter mapping (see :class:`Lowered`).
 
     Raises :class:`LoweringError` for LEIR semantic errors (shapes, bounds, dtype clashes,
@@ -590,7 +653,17 @@ def lower_module(module_or_program, signature: Signature | None = None, target: 
     intermediate with the NaN pattern :data:`POISON_BITS` of its dtype, and marks bound
     loops and fill blocks (:data:`THREAD_MARK`, :data:`POISON_MARK`) so that the GPU form
     can be derived from the parsed result (:func:`steptp.backend.build.gpu_form`).
+
+    ``fast_exp`` and ``vector_lanes`` (the CPU performance form only,
+    :func:`steptp.backend.perf.perf_cpu_text`): float32 ``exp`` inside ``V`` loops as a
+    vectorisable polynomial (:meth:`_Emitter.fast_exp_text`, TVM ``topi.fast_exp``'s
+    method), and each ``V`` loop whose extent is a multiple of ``vector_lanes`` (> it)
+    split into a serial loop over ``T.vectorized(vector_lanes)`` (the machine's vector
+    width: a 4096-lane vector type is legalised into spills). Raises ``ValueError`` for
+    either with ``poison`` (verification builds stay exact).
     """
+    if (fast_exp or vector_lanes) and poison:
+        raise ValueError("lower_module: fast_exp / vector_lanes are for performance builds, not poisoned ones")
     if target not in TARGETS:
         raise LoweringError(f"unknown target {target!r}; expected one of {TARGETS}")
     prog, sig = coerce_module(module_or_program, signature)
@@ -603,6 +676,7 @@ def lower_module(module_or_program, signature: Signature | None = None, target: 
         raise LoweringError("; ".join(hazards))
     em = _Emitter(prog, sig, info, target)
     em.poison = poison
+    em.fast_exp, em.vector_lanes = fast_exp, int(vector_lanes)
     text = em.run()
     params = tuple((t.name, em.names.buf[t.name]) for t in sig.tensors)
     return Lowered(text, target, sig, params, info)
