@@ -115,15 +115,7 @@ def _compile(t) -> Callable:
         return lambda ctx: not bool(a(ctx))
     if kind == "cmp":
         op, a, b = t[1], _compile(t[2]), _compile(t[3])
-        cmp = _CMP_FN[op]
-
-        def f_cmp(ctx):
-            x, y = a(ctx), b(ctx)
-            try:
-                return cmp(x, y)
-            except TypeError:
-                raise ValueExprError(f"cannot compare {x!r} {op} {y!r}") from None
-        return f_cmp
+        return lambda ctx: _compare(op, a(ctx), b(ctx))
     if kind == "var":
         name = t[1]
 
@@ -183,6 +175,14 @@ def _arith(op: str, a: int, b: int) -> int:
 
 _CMP_FN = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
            ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def _compare(op: str, x, y) -> bool:
+    """``x op y``; incomparable values raise :class:`ValueExprError`."""
+    try:
+        return _CMP_FN[op](x, y)
+    except TypeError:
+        raise ValueExprError(f"cannot compare {x!r} {op} {y!r}") from None
 
 
 def eval_let(spec, ctx: EvalContext):
@@ -356,15 +356,7 @@ def _specialize(t, name: str | None) -> Callable:
         return lambda ctx, memo: not bool(a(ctx, memo))
     if kind == "cmp":
         op, a, b = t[1], _specialize(t[2], name), _specialize(t[3], name)
-        cmp = _CMP_FN[op]
-
-        def f_cmp(ctx, memo):
-            x, y = a(ctx, memo), b(ctx, memo)
-            try:
-                return cmp(x, y)
-            except TypeError:
-                raise ValueExprError(f"cannot compare {x!r} {op} {y!r}") from None
-        return f_cmp
+        return lambda ctx, memo: _compare(op, a(ctx, memo), b(ctx, memo))
     f = _compile(t)  # a call or arithmetic reading ?name: evaluated per value
     return lambda ctx, memo: f(ctx)
 

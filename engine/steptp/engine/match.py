@@ -648,6 +648,7 @@ class Matcher:
         self._loaded: LeirModule | None = None
         self._ix: ProgramIndex | None = None
         self._done: dict[str, list[Site]] = {}
+        self._skip_facts: frozenset = frozenset(OPTIONAL_FACTS)  # optional facts no loaded rule reads
         self.timings: dict[str, Any] = {"rule_ms": {}}
         self.add(rules)
 
@@ -661,6 +662,7 @@ class Matcher:
             cr = compile_rule(r)
             self.session.run(cr.text)
             self.compiled[r.key] = cr
+            self._skip_facts = frozenset(f for f in self._skip_facts if f"({f} " not in cr.text)
             self.rules.append(r)
 
     def _unload(self) -> None:
@@ -674,9 +676,7 @@ class Matcher:
         self._unload()
         t0 = time.perf_counter()
         self.session.run("(push)")
-        skip = frozenset(r for r in OPTIONAL_FACTS
-                         if not any(f"({r} " in cr.text for cr in self.compiled.values()))
-        ix = self.session.load_program(module, skip=skip)
+        ix = self.session.load_program(module, skip=self._skip_facts)
         t1 = time.perf_counter()
         self.session.run(ANALYSIS_SCHEDULE)
         t2 = time.perf_counter()
@@ -721,21 +721,20 @@ def _site_maker(rule_id: str, scope: str):
     come decoded from the rule's own rows)."""
     base = {"rule": rule_id, "scope": scope, **_SITE_DEFAULTS}
 
-    def make(**fields) -> Site:
-        out = object.__new__(Site)
-        d = out.__dict__
-        d.update(base)
-        d.update(fields)
-        return out
-    return make
+    return lambda **fields: _site_from({**base, **fields})
 
 
 def _relabelled(site: Site, rule_id: str) -> Site:
     """``site`` with another rule id (``dataclasses.replace`` without re-running the frozen
     dataclass's ``__init__``: the fields are already checked)."""
+    return _site_from({**site.__dict__, "rule": rule_id})
+
+
+def _site_from(fields: dict) -> Site:
+    """A :class:`Site` holding ``fields`` (every field, by name), built without the frozen
+    dataclass's per-field ``__init__``."""
     out = object.__new__(Site)
-    out.__dict__.update(site.__dict__)
-    out.__dict__["rule"] = rule_id
+    out.__dict__.update(fields)
     return out
 
 
