@@ -118,3 +118,67 @@ def test_listing_a_fresh_copy_gives_the_same_candidates():
         return out
 
     assert listing(m) == listing(copy.deepcopy(m))
+
+
+DEEP = parse_leir("""% program: deep
+% input A: f32[4,8,2]
+% output C: f32[4]
+B^{4}_{tx=0}[D^{f32,g}_{tx}=0.0;L^{8}_{a=0}[E^{f32,l}_{tx,a}=0.0;L^{2}_{b=0}[E^{f32,l}_{tx,a}=E^{f32,l}_{tx,a}+A^{f32,g}_{tx,a,b};];D^{f32,g}_{tx}=D^{f32,g}_{tx}+E^{f32,l}_{tx,a};];C^{f32,g}_{tx}=D^{f32,g}_{tx}*2.0;];
+""")
+
+
+def test_per_nest_and_per_equation_facts_derived_in_egglog_are_the_index():
+    # Python inserts one nest_fact / eq_fact row each; stratum a0 derives the rest, transitive
+    # containment included (three levels of nests here)
+    from steptp.engine.egraph import EggSession, ProgramIndex
+
+    for module in (DEEP, load_leir(next(p for p in EXAMPLES if "softmax" in p.stem))):
+        s = EggSession()
+        ix = s.load_program(module)
+        assert ix == ProgramIndex.build(module.program)
+        rows = lambda name: {tuple(r) for r in s.rows(name)}  # noqa: E731
+        vals = lambda name: {tuple(r) + (v,) for r, v in s.values(name)}  # noqa: E731
+        n = len(ix.nests)
+        anc = set()
+        for i in range(n):
+            a = ix.nest_parent[i]
+            while a >= 0:
+                anc.add((i, a))
+                a = ix.nest_parent[a]
+        assert rows("nest") == {(i,) for i in range(n)}
+        assert rows("nest_pos") == {(i, ix.nest_parent[i], ix.nest_paths[i][-1]) for i in range(n)}
+        assert rows("nest_in") == anc
+        assert rows("loop_at") == {(i, p, l) for i, nest in enumerate(ix.nests) for p, l in enumerate(nest.loops)}
+        assert vals("loop_count") == {(i, len(nest.loops)) for i, nest in enumerate(ix.nests)}
+        assert vals("item_count") == {(i, len(nest.body)) for i, nest in enumerate(ix.nests)}
+        assert vals("eq_count") == {(i, sum(1 for _ in nest.equations())) for i, nest in enumerate(ix.nests)}
+        assert rows("eq_at") == {(ix.eq_parent[e], ix.eq_paths[e][-1], e) for e in range(len(ix.eqs))}
+        assert rows("eq_in") == {(e, m) for e in range(len(ix.eqs)) for m in ix.eq_encl[e]}
+        assert rows("eq_def") == {(e, eq.target, eq.value) for e, eq in enumerate(ix.eqs)}
+        if module is DEEP:  # the innermost equation is in all three nests
+            assert {m for e, m in rows("eq_in") if e == 2} == {0, 1, 2}
+
+
+def test_a_snapshot_decodes_every_relation_as_print_function_does():
+    m = M.Matcher(list(RULES.values()))
+    module = merge_programs([load_leir(p) for p in EXAMPLES[:6]] + [DEEP], "mix")
+    m.prefetch(module)
+    snap = m.session.snapshot()
+    names = [cr.relation for cr in m.compiled.values()] + ["eq_def", "loop_at", "nest_loops", "val_sub", "reads_at", "tl_last"]
+    nonempty = 0
+    for name in names:
+        rows = sorted(map(repr, m.session.rows(name)))
+        assert sorted(map(repr, snap.rows(name))) == rows, name
+        nonempty += bool(rows)
+    assert nonempty >= 20
+
+
+def test_prefetched_sites_are_the_sites_listed_rule_by_rule():
+    module = merge_programs([load_leir(p) for p in EXAMPLES] + [DEEP], "all")
+    rules = list(RULES.values())
+    one = M.Matcher(rules)
+    by_rule = {r.id: one.sites_of(r, module) for r in rules}
+    batch = M.Matcher(rules)
+    batch.prefetch(module)
+    assert {r.id: batch.sites_of(r, module) for r in rules} == by_rule
+    assert sum(map(len, by_rule.values())) > 1000

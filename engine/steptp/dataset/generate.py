@@ -199,6 +199,20 @@ def _symbolic(rule, module: LeirModule, step) -> str | None:
     return symbolic_check_programs(module.program, step.after.program)
 
 
+def _prefetch_sites(rules: list, module: LeirModule, opts: Options) -> None:
+    """Every rule's match query on ``module`` in one batch
+    (:func:`steptp.engine.match.prefetch_sites`), within one rule's time limit; if the batch
+    fails or runs out of time, each rule lists its own sites (and reports its own error)."""
+    from ..engine.match import prefetch_sites
+    from ..engine.service import bounded
+
+    try:
+        bounded(prefetch_sites, rules, module, time_s=opts.timeout_s if opts.isolated else 0,
+                what="site enumeration (every rule)")
+    except Exception:  # noqa: BLE001 - the rules are listed one by one instead
+        pass
+
+
 class _RuleRun:
     """The candidate search of one rule on one program (see :func:`process`)."""
 
@@ -398,8 +412,9 @@ class _Program:
 
                 inject(src.path)  # STP_FAULT_INJECT (tests): an unexpected crash -> "internal error: ..."
         if self.error is None:
-            rules = [load_rule(p) for p in opts.rule_paths]
-            self.runs = [_RuleRun(r, self.module, src, opts, key) for r in rules if rule_ids is None or r.id in rule_ids]
+            rules = [r for r in map(load_rule, opts.rule_paths) if rule_ids is None or r.id in rule_ids]
+            _prefetch_sites(rules, self.module, opts)
+            self.runs = [_RuleRun(r, self.module, src, opts, key) for r in rules]
         self.seconds += time.perf_counter() - t0
 
     def kept_steps(self) -> list[tuple[str, object, object, str]]:

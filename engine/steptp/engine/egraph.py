@@ -18,12 +18,15 @@ codec, which also encodes rule queries and decodes results)::
 Float literals are stored by ``repr`` (exact, ``inf`` included). Nests are numbered in
 pre-order (nested nests included), equations in program order.
 
-Facts inserted per program (Python): ``nest``, ``nest_pos(nid, parent, pos)`` (parent -1
+Facts of a program: ``nest``, ``nest_pos(nid, parent, pos)`` (parent -1
 for a top-level nest), ``nest_loops``, ``loop_at(nid, pos, loop)``, ``loop_count``,
 ``item_count``, ``eq_count``, ``eq_at(nid, pos, eid)``, ``eq_def(eid, target, value)``,
 ``eq_in(eid, nid)`` (transitive), ``nest_in(inner, outer)`` (transitive),
 ``known(name, role)`` (signature) and ``proper_divisor(n, f)`` (1 < f < n, f | n, for
-every loop extent: a parameter domain computed in Python, egglog-notes Q2).
+every loop extent: a parameter domain computed in Python, egglog-notes Q2). Python inserts
+one ``nest_fact`` per nest and one ``eq_fact`` per equation (each top-level egglog command
+costs 30-45 µs with the rules loaded) plus ``known``/``proper_divisor``; stratum ``a0``
+derives the rest (:meth:`EggSession.load_program`).
 
 The derived relations available to rule ``where:`` clauses are listed in
 :data:`RELATIONS` (with their argument sorts) and documented in ``rules/README.md``.
@@ -45,7 +48,7 @@ from egglog import bindings as B
 
 from ..leir import ast as A
 from ..leir.fileformat import LeirModule
-from .codec import BINARY, Encoder, SCHEMA_DECLS, UNARY, decode_term, sx_str
+from .codec import BINARY, Encoder, FrozenDecoder, SCHEMA_DECLS, UNARY, decode_term, sx_str
 
 # ---------------------------------------------------------------------------
 # Schema and analyses
@@ -69,6 +72,22 @@ SCHEMA = "\n" + SCHEMA_DECLS + """
 (relation proper_divisor (i64 i64))
 (function reader_count (String) i64 :no-merge)
 (function writer_count (String) i64 :no-merge)
+
+; what Python inserts: one fact per nest and one per equation (each inserted fact costs egglog
+; a top-level command, 30-45 us with the rules loaded); stratum a0 derives the facts above
+(relation nest_fact (i64 i64 i64 LL i64 i64))   ; nid, parent, pos, loops, items, equations
+(relation eq_fact (i64 i64 i64 Term Term))      ; eid, nest, pos, target, value
+(relation loops_from (i64 i64 LL))              ; nest, position of the list's first loop, rest
+(ruleset a0)
+(rule ((nest_fact n par p l ic ec))
+      ((nest n) (nest_pos n par p) (nest_loops n l) (set (item_count n) ic) (set (eq_count n) ec)
+       (loops_from n 0 l)) :ruleset a0)
+(rule ((loops_from n p (LCons x r))) ((loop_at n p x) (loops_from n (+ p 1) r)) :ruleset a0)
+(rule ((loops_from n p (LNil))) ((set (loop_count n) p)) :ruleset a0)
+(rule ((nest_pos n par p) (!= par -1)) ((nest_in n par)) :ruleset a0)
+(rule ((nest_in n m) (nest_pos m par p) (!= par -1)) ((nest_in n par)) :ruleset a0)
+(rule ((eq_fact e n p t v)) ((eq_def e t v) (eq_at n p e) (eq_in e n)) :ruleset a0)
+(rule ((eq_at n p e) (nest_in n m)) ((eq_in e m)) :ruleset a0)
 
 (ruleset a1)
 (ruleset a2)
@@ -332,6 +351,9 @@ ANALYSIS += SEQUENCE_ANALYSIS
 
 SCHEDULE = "(run-schedule (saturate (run a1)) (saturate (run a2)) (saturate (run cand)) " \
            "(saturate (run neg)) (saturate (run fin)))"
+#: Stratum a0: the per-program facts from the inserted ``nest_fact``/``eq_fact`` rows
+#: (:meth:`EggSession.load_program` runs it).
+DERIVE_SCHEDULE = "(run-schedule (saturate (run a0)))"
 #: The analysis strata only; each compiled rule then runs its own schedule
 #: (:attr:`steptp.engine.match.CompiledRule.schedule`).
 ANALYSIS_SCHEDULE = "(run-schedule (saturate (run a1)) (saturate (run a2)))"
@@ -511,32 +533,19 @@ OPTIONAL_FACTS = ("reader_count", "writer_count")
 
 
 def program_facts(module: LeirModule, ix: ProgramIndex, skip: frozenset = frozenset()) -> list[str]:
-    """egglog commands (one small command per fact group) describing the program.
+    """egglog commands describing the program: one ``nest_fact`` per nest, one ``eq_fact`` per
+    equation, then the signature and divisor facts (stratum ``a0`` derives the rest).
     ``skip``: relations of :data:`OPTIONAL_FACTS` to leave out (no loaded rule reads them;
     each inserted fact costs egglog 30-45 µs)."""
     enc = Encoder()
     cmds: list[str] = []
     extents: set[int] = set()
     for nid, (nest, path) in enumerate(zip(ix.nests, ix.nest_paths)):
-        parent = ix.nest_parent[nid]
-        parts = [f"(nest {nid})", f"(nest_pos {nid} {parent} {path[-1]})",
-                 f"(nest_loops {nid} {enc.loops(nest.loops)})",
-                 f"(set (loop_count {nid}) {len(nest.loops)})",
-                 f"(set (item_count {nid}) {len(nest.body)})",
-                 f"(set (eq_count {nid}) {sum(1 for _ in nest.equations())})"]
-        for p, l in enumerate(nest.loops):
-            parts.append(f"(loop_at {nid} {p} {enc.loop(l)})")
-            extents.add(l.extent)
-        cmds.append(" ".join(parts))
-        anc = parent
-        while anc >= 0:
-            cmds.append(f"(nest_in {nid} {anc})")
-            anc = ix.nest_parent[anc]
+        cmds.append(f"(nest_fact {nid} {ix.nest_parent[nid]} {path[-1]} {enc.loops(nest.loops)} "
+                    f"{len(nest.body)} {sum(1 for _ in nest.equations())})")
+        extents.update(l.extent for l in nest.loops)
     for eid, (eq, path) in enumerate(zip(ix.eqs, ix.eq_paths)):
-        parts = [f"(eq_def {eid} {enc.term(eq.target)} {enc.term(eq.value)})",
-                 f"(eq_at {ix.eq_parent[eid]} {path[-1]} {eid})"]
-        parts += [f"(eq_in {eid} {n})" for n in ix.eq_encl[eid]]
-        cmds.append(" ".join(parts))
+        cmds.append(f"(eq_fact {eid} {ix.eq_parent[eid]} {path[-1]} {enc.term(eq.target)} {enc.term(eq.value)})")
     small = [f"(known {sx_str(t.name)} {sx_str(t.role)})" for t in module.signature.tensors]
     readers: dict[str, int] = {t.name: 0 for t in module.signature.tensors}
     writers: dict[str, int] = dict(readers)
@@ -597,6 +606,11 @@ class EggSession:
         return [([decode_term(td, a, memo) for a in td.get(call).args], decode_term(td, val, memo))
                 for call, val in out.terms]
 
+    def snapshot(self) -> FrozenDecoder:
+        """A decoder over a snapshot of the whole e-graph (``EGraph.freeze()``): the rows of
+        many relations at the cost of one command (see :class:`~steptp.engine.codec.FrozenDecoder`)."""
+        return FrozenDecoder(self.eg, self.eg.freeze())
+
     def size(self, fn: str) -> int:
         """Number of rows of a relation/function."""
         (out,) = self.run(f"(print-size {fn})")
@@ -604,11 +618,13 @@ class EggSession:
 
     def load_program(self, module: LeirModule, ix: ProgramIndex | None = None,
                      skip: frozenset = frozenset()) -> ProgramIndex:
-        """Insert a program's facts (call inside push/pop) and return its index; ``skip``:
+        """Insert a program's facts (call inside push/pop), derive the per-nest and
+        per-equation relations from them (stratum ``a0``) and return its index; ``skip``:
         see :func:`program_facts`."""
         ix = ix or ProgramIndex.build(module.program)
         for c in program_facts(module, ix, skip):
             self.run(c)
+        self.run(DERIVE_SCHEDULE)
         return ix
 
 
@@ -625,5 +641,5 @@ def analyze_relations(module: LeirModule, names: list[str]) -> dict[str, list[li
     return out
 
 
-__all__ = ["OPTIONAL_FACTS", "SCHEMA", "ANALYSIS", "SCHEDULE", "ANALYSIS_SCHEDULE", "EGG_SORT", "RelSig", "RELATIONS", "ProgramIndex", "Encoder",
+__all__ = ["OPTIONAL_FACTS", "SCHEMA", "ANALYSIS", "SCHEDULE", "DERIVE_SCHEDULE", "ANALYSIS_SCHEDULE", "EGG_SORT", "RelSig", "RELATIONS", "ProgramIndex", "Encoder",
            "proper_divisors", "program_facts", "decode_term", "EggSession", "analyze_relations"]

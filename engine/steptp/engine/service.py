@@ -107,8 +107,9 @@ def _module(program):
     return parse_leir(program, "<engine>")
 
 
-def _candidates(spec: tuple, program, rule_id: str, check: bool = False) -> list:
-    """The ``(site, params)`` candidates of one rule on ``program`` (text or module), cached."""
+def _candidates(spec: tuple, program, rule_id: str, check: bool = False, module=None) -> list:
+    """The ``(site, params)`` candidates of one rule on ``program`` (text or module; ``module``:
+    the text already parsed), cached."""
     text = program if isinstance(program, str) else program.text()
     key = (spec, text, rule_id, check)
     hit = _STATE["cands"].get(key)
@@ -116,7 +117,7 @@ def _candidates(spec: tuple, program, rule_id: str, check: bool = False) -> list
         from ..engine import NoMatch, list_candidates
 
         try:
-            hit = list_candidates(_rules(spec)[rule_id], _module(program), check=check)
+            hit = list_candidates(_rules(spec)[rule_id], module or _module(program), check=check)
         except NoMatch:
             hit = []
         if len(_STATE["cands"]) > 4096:
@@ -177,9 +178,20 @@ def count_candidates(spec: tuple, text: str, rule_ids: list[str], check: bool = 
     marks an exhausted address space."""
     _limit(mem_bytes)
     out: dict = {}
+    module = None
+    todo = [rid for rid in rule_ids if (spec, text, rid, check) not in _STATE["cands"]]
+    if todo:
+        from .match import prefetch_sites
+
+        try:  # every rule's query in one batch; on failure each rule is listed (and fails) alone
+            module = _module(text)
+            rules = _rules(spec)
+            prefetch_sites([rules[rid] for rid in todo if rid in rules], module)
+        except Exception:  # noqa: BLE001 - MemoryError included: the loop below reports it
+            pass
     for rid in rule_ids:
         try:
-            out[rid] = len(_candidates(spec, text, rid, check))
+            out[rid] = len(_candidates(spec, text, rid, check, module))
         except MemoryError:
             _STATE["cands"].clear()
             out[rid] = 0
