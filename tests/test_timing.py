@@ -123,7 +123,19 @@ B^{4}_{tx=0}L^{8}_{b=0}V^{8}_{a=0}[E^{f32,g}_{tx,b*8+a}=exp(if_then_else(b<1,-in
 """
 
 
-@pytest.mark.parametrize("source", ["matmul", "softmax", "gemm_relu", "parallel", "vp", "vexp"])
+# V loops the vector width does not divide: a vectorised tail (47 = 2*16 + 15 with 16 lanes)
+# and a one-lane tail with two equations (17)
+VTAIL_PROGRAM = """% program: vtail
+% input A: f32[3,47]
+% input B: f32[2,17]
+% output C: f32[3,47]
+% output D: f32[2,17]
+B^{3}_{tx=0}V^{47}_{a=0}[C^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}/(1.0+exp(-A^{f32,g}_{tx,a}));];
+B^{2}_{tx=0}V^{17}_{a=0}[E^{f32,g}_{tx,a}=sqrt(B^{f32,g}_{tx,a}*B^{f32,g}_{tx,a}+1.0);D^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}*2.0;];
+"""
+
+
+@pytest.mark.parametrize("source", ["matmul", "softmax", "gemm_relu", "parallel", "vp", "vexp", "vtail"])
 def test_performance_build_computes_what_the_verification_form_computes(source, parallel_matmul):
     from steptp.backend.build import build_cpu
     from steptp.backend.perf import build_perf_cpu, host_cpu, perf_cpu_text
@@ -132,8 +144,8 @@ def test_performance_build_computes_what_the_verification_form_computes(source, 
 
     if source == "parallel":
         m = load_leir(parallel_matmul)
-    elif source in ("vp", "vexp"):
-        m = parse_leir(VP_PROGRAM if source == "vp" else VEXP_PROGRAM)
+    elif source in ("vp", "vexp", "vtail"):
+        m = parse_leir({"vp": VP_PROGRAM, "vexp": VEXP_PROGRAM, "vtail": VTAIL_PROGRAM}[source])
     else:
         m = load_leir(EXAMPLES / f"{source}.leir")
     text = perf_cpu_text(m)
@@ -146,6 +158,11 @@ def test_performance_build_computes_what_the_verification_form_computes(source, 
     if source == "vexp":
         assert text.count("T.exp(") == 1  # only the equation with a guard keeps the libm call
         assert text.count(": T.let = T.min(T.max(") == 4
+    if source == "vtail" and w < 17:
+        for n in (47, 17):  # the main loop, then the tail
+            assert f"for _vo_a in range({n // w}):" in text
+            assert f"for _vt_a in T.vectorized({n % w}):" in text if n % w > 1 else "for _vt_a in range(1):" in text
+        assert text.count(": T.let = T.min(T.max(") == 2  # fast exp in the main loop and in the tail
     perf = build_perf_cpu(m)
     check = build_cpu(lower_module(m, None, "cpu", poison=True).text, m.signature)
     for trial in range(3):

@@ -252,8 +252,8 @@ class _Emitter:
     poison = False
     #: performance form only (``lower_module(..., fast_exp=True, vector_lanes=w)``):
     #: float32 ``exp`` inside a ``V`` loop as the polynomial :data:`_FAST_EXP_POLY` (LLVM
-    #: has no vector ``expf`` and calls libm once per lane), and ``V`` loops whose extent is
-    #: a multiple of ``w`` split into a serial loop over a vectorised loop of ``w`` lanes
+    #: has no vector ``expf`` and calls libm once per lane), and ``V`` loops longer than ``w``
+    #: split into a serial loop over a vectorised loop of ``w`` lanes (and a tail, :meth:`_loops`)
     fast_exp = False
     vector_lanes = 0
 
@@ -263,7 +263,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.block_names: set[str] = set()
         self.ctx: EqContext | None = None
-        self.split: dict[str, tuple[str, str, int]] = {}   # V loop var -> (outer, inner, lanes)
+        self.split: dict[str, str] = {}                    # split V loop var -> its index expression
         self.lets: list[str] = []                          # let bindings before the current store
         self.vector_eq = False                             # fast exp applies to the current equation
         self.types = {n: tvm_dtype(dt) for n, (dt, _s) in info.types.items()}
@@ -461,8 +461,7 @@ class _Emitter:
         kinds = "".join("R" if l.var in reduce else "S" for l in loops)
         if split and any(l.var in self.split for l in loops):
             for iv, k, l in zip(ivs, kinds, loops):
-                outer, inner, w = self.split.get(l.var, (None, None, 0))
-                src = f"{outer} * {w} + {inner}" if outer else self.names.loop[l.var]
+                src = self.split.get(l.var) or self.names.loop[l.var]
                 self.out(depth, f"{iv} = T.axis.{'reduce' if k == 'R' else 'spatial'}({l.extent}, {src})")
             return
         if len(loops) == 1:
@@ -594,21 +593,37 @@ class _Emitter:
         return "\n".join(self.lines) + "\n"
 
     def nest(self, depth: int, nest: A.Nest, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
-        d = depth
-        added = []
-        for l in nest.loops:
-            w = self.vector_lanes
-            if l.kind == "V" and w and l.extent > w and l.extent % w == 0:
-                v = self.names.loop[l.var]
-                outer, inner = f"_vo_{v}", f"_vi_{v}"
-                self.out(d, f"for {outer} in range({l.extent // w}):")
-                self.out(d + 1, f"for {inner} in T.vectorized({w}):")
-                self.split[l.var] = (outer, inner, w)
-                added.append(l.var)
-                d += 2
-                continue
-            self.out(d, self.loop_header(l))
-            d += 1
+        return self._loops(depth, nest, 0, ctxs, k, use_tinit)
+
+    def _loops(self, d: int, nest: A.Nest, i: int, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
+        """Loops ``i..`` of ``nest`` and its body; returns the index of the next equation.
+
+        Performance form: a ``V`` loop of extent n > w (``vector_lanes``) becomes a serial loop
+        of n // w iterations over ``T.vectorized(w)`` and, when w does not divide n, a tail of
+        n % w lanes with a second copy of the loops inside and the body (TVM's vectoriser
+        scalarises a guarded tail, and one n-lane vector is legalised by LLVM into spills).
+        A ``V`` loop is never a reduction axis (:func:`~steptp.backend.preflight.loop_hazards`
+        rejects it), so no block of the tail initialises an accumulator a second time."""
+        if i == len(nest.loops):
+            return self._body(d, nest, ctxs, k, use_tinit)
+        l, w = nest.loops[i], self.vector_lanes
+        if l.kind == "V" and w and l.extent > w:
+            main, tail = divmod(l.extent, w)
+            v = self.names.loop[l.var]
+            self.out(d, f"for _vo_{v} in range({main}):")
+            self.out(d + 1, f"for _vi_{v} in T.vectorized({w}):")
+            self.split[l.var] = f"_vo_{v} * {w} + _vi_{v}"
+            end = self._loops(d + 2, nest, i + 1, ctxs, k, use_tinit)
+            if tail:
+                self.out(d, f"for _vt_{v} in {'T.vectorized' if tail > 1 else 'range'}({tail}):")
+                self.split[l.var] = f"{main * w} + _vt_{v}"
+                end = self._loops(d + 1, nest, i + 1, ctxs, k, use_tinit)
+            del self.split[l.var]
+            return end
+        self.out(d, self.loop_header(l))
+        return self._loops(d + 1, nest, i + 1, ctxs, k, use_tinit)
+
+    def _body(self, d: int, nest: A.Nest, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
         if not nest.body:
             self.out(d, "T.evaluate(0)")
         for item in nest.body:
@@ -618,8 +633,6 @@ class _Emitter:
                 k += 1
             else:
                 k = self.nest(d, item, ctxs, k, use_tinit)
-        for v in added:
-            del self.split[v]
         return k
 
 
@@ -657,9 +670,10 @@ def lower_module(module_or_program, signature: Signature | None = None, target: 
     ``fast_exp`` and ``vector_lanes`` (the CPU performance form only,
     :func:`steptp.backend.perf.perf_cpu_text`): float32 ``exp`` inside ``V`` loops as a
     vectorisable polynomial (:meth:`_Emitter.fast_exp_text`, TVM ``topi.fast_exp``'s
-    method), and each ``V`` loop whose extent is a multiple of ``vector_lanes`` (> it)
-    split into a serial loop over ``T.vectorized(vector_lanes)`` (the machine's vector
-    width: a 4096-lane vector type is legalised into spills). Raises ``ValueError`` for
+    method), and each ``V`` loop longer than ``vector_lanes`` split into a serial loop over
+    ``T.vectorized(vector_lanes)`` (the machine's vector width: a 4096-lane vector type is
+    legalised into spills) plus, when the width does not divide the extent, a vectorised
+    tail (:meth:`_Emitter._loops`). Raises ``ValueError`` for
     either with ``poison`` (verification builds stay exact).
     """
     if (fast_exp or vector_lanes) and poison:
