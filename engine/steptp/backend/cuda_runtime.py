@@ -26,8 +26,11 @@ Recipe (notes §3.5, seen working on an H100 with CUDA 13.0, driver 580):
    ``runtime.RPCTimeEvaluator`` behind ``tvm.runtime.Module.time_evaluator``; notes §4):
    ``repeat`` results, each the mean of ``number`` calls in seconds, after one warm-up
    call; on CUDA each measurement is bracketed by device synchronisation (TVM uses the
-   device's timer). The same functions run on ``cpu`` with an exported llvm library, which is
-   how they are tested on machines without a GPU.
+   device's timer) and starts from a flushed L2 cache (``cache_flush_bytes``: twice the
+   device's L2 written before each measurement, :func:`l2_flush_bytes`), so one program of
+   an interleaved pair does not run on data the other left in L2. The same functions run on
+   ``cpu`` with an exported llvm library, which is how they are tested on machines without
+   a GPU.
 
 **Simulated device** (``STP_CUDA_SIM=1``, :func:`simulated`; tests and CI on machines without
 a GPU): everything above the driver is the real code (GPU-form lowering, TVM's CUDA
@@ -79,6 +82,9 @@ TVM_RUNTIME_CUDA_LIB = "libtvm_runtime_cuda.so"
 PTX_FLAGS: tuple[str, ...] = ("-O3",)
 #: Environment variables of the simulated CUDA device (module docstring).
 SIM_ENV, SIM_ARCH_ENV, SIM_FAULT_ENV = "STP_CUDA_SIM", "STP_CUDA_SIM_ARCH", "STP_CUDA_SIM_FAULT"
+#: L2 size of the simulated device in bytes (default :data:`SIM_L2_BYTES`: small, so that the
+#: flush before each simulated measurement, run on the CPU, stays quick).
+SIM_L2_ENV, SIM_L2_BYTES = "STP_CUDA_SIM_L2_BYTES", 4 << 20
 #: Compute capabilities whose PTX nvcc 13 can produce (compute_75 .. compute_121, notes §3.1).
 MIN_ARCH = 75
 
@@ -238,6 +244,38 @@ def compute_capability(index: int = 0) -> tuple[int, int] | None:
         return int(major.value), int(minor.value)
     except OSError:
         return None
+
+
+def l2_cache_bytes(index: int = 0) -> int | None:
+    """L2 cache size in bytes of CUDA device ``index`` (``cuDeviceGetAttribute``:
+    L2_CACHE_SIZE = 38; 50 MiB on an H100), or None without a driver or device. With the
+    simulated device: ``STP_CUDA_SIM_L2_BYTES`` (default :data:`SIM_L2_BYTES`)."""
+    if simulated():
+        v = os.environ.get(SIM_L2_ENV, "")
+        return int(v) if v.isdigit() else SIM_L2_BYTES
+    try:
+        lib = ctypes.CDLL(LIBCUDA_SONAME)
+        if lib.cuInit(0) != 0:
+            return None
+        dev = ctypes.c_int(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            return None
+        size = ctypes.c_int(0)
+        if lib.cuDeviceGetAttribute(ctypes.byref(size), 38, dev) != 0:
+            return None
+        return int(size.value)
+    except OSError:
+        return None
+
+
+def l2_flush_bytes(device: str) -> int:
+    """Bytes :func:`time_function` writes on ``device`` before each measurement to evict its
+    L2 cache: twice :func:`l2_cache_bytes` on ``cuda`` (the usual GPU benchmarking protocol,
+    e.g. Triton's ``do_bench``), 0 on ``cpu`` (CPU timings keep warm caches, as
+    MetaSchedule's default CPU runner does)."""
+    if device != "cuda":
+        return 0
+    return 2 * (l2_cache_bytes() or 0)
 
 
 def arch_level(arch: str) -> int | None:
@@ -811,20 +849,24 @@ def run_module(built: Built, input_sets: Sequence[Mapping[str, np.ndarray]], mod
 
 
 def time_function(module, device: str, args: Sequence, *, number: int, repeat: int, min_repeat_ms: float = 0.0,
-                  func: str = "main") -> list[float]:
+                  func: str = "main", flush_bytes: int | None = None) -> list[float]:
     """TVM ``time_evaluator`` of ``module[func](*args)`` on ``device``: one warm-up call,
     then ``repeat`` measurements, each the mean time of ``number`` consecutive calls, in
     **seconds**; ``min_repeat_ms`` > 0 lets TVM raise ``number`` until one measurement lasts
-    that long. Caches stay warm (no flush between measurements). Source:
+    that long. Before each measurement TVM writes ``flush_bytes`` bytes on the device
+    (``cache_flush_bytes``; default :func:`l2_flush_bytes`: the L2 cache on ``cuda``, nothing
+    on ``cpu``, where caches stay warm); the flush is not timed. Source:
     ``tvm.runtime.Module.time_evaluator`` (apache-tvm 0.27,
     ``runtime.RPCTimeEvaluator``; notes §4). Raises :class:`ExecError` on a fault."""
+    if flush_bytes is None:
+        flush_bytes = l2_flush_bytes(device)
     dev = _device(device)
     try:
         if device == "cuda" and _SIM_STICKY:
             raise ExecError(f"CUDA error: an illegal memory access was encountered (simulated sticky error, first "
                             f"raised by {_SIM_STICKY[0]})")
         feval = _global("runtime.RPCTimeEvaluator")(module, func, dev.dlpack_device_type(), dev.index, int(number),
-                                                    int(repeat), int(min_repeat_ms), 100, 0, 1, 0, "")
+                                                    int(repeat), int(min_repeat_ms), 100, 0, 1, int(flush_bytes), "")
         blob = feval(*args)
     except ExecError:
         raise
@@ -840,7 +882,8 @@ def time_interleaved(a: tuple, b: tuple, device: str, *, rounds: int, warmup: in
     ``(module, func name, args)``. ``warmup`` calls of each, then ``number`` calibrated so that
     one measurement of the faster lasts ``min_repeat_ms`` (1 when 0; at most ``max_number``),
     then ``rounds`` rounds of one :func:`time_function` measurement of each, in the order
-    A B, B A, A B ... (drift hits both alike). Returns (seconds per call of A per round, of B
+    A B, B A, A B ... (drift hits both alike; on ``cuda`` each measurement starts from a
+    flushed L2, :func:`l2_flush_bytes`). Returns (seconds per call of A per round, of B
     per round, number). The one timing loop of ``stp time`` / ``dataset --time`` / search
     (:func:`steptp.runner.timing.compare`) and of GPU packs (:mod:`steptp.gpu.run`). Raises
     :class:`ExecError` on a fault."""
@@ -851,18 +894,20 @@ def time_interleaved(a: tuple, b: tuple, device: str, *, rounds: int, warmup: in
         sync(device)
     except Exception as e:  # noqa: BLE001
         raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
-    probe = min(min(time_function(mod, device, args, number=1, repeat=3, func=func)) for mod, func, args in (a, b))
+    flush = l2_flush_bytes(device)
+    probe = min(min(time_function(mod, device, args, number=1, repeat=3, func=func, flush_bytes=flush))
+                for mod, func, args in (a, b))
     number = min(max_number, max(1, math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9)))) if min_repeat_ms else 1
     ta: list[float] = []
     tb: list[float] = []
     for r in range(rounds):
         order = ((a, ta), (b, tb))
         for (mod, func, args), acc in (order if r % 2 == 0 else order[::-1]):
-            acc.append(time_function(mod, device, args, number=number, repeat=1, func=func)[0])
+            acc.append(time_function(mod, device, args, number=number, repeat=1, func=func, flush_bytes=flush)[0])
     return ta, tb, number
 
 __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",
            "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
-           "device_arch", "arch_level", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
+           "device_arch", "arch_level", "l2_cache_bytes", "l2_flush_bytes", "SIM_L2_ENV", "SIM_L2_BYTES", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
            "register_ptx_cache", "time_interleaved", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
            "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]

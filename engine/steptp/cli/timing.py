@@ -42,7 +42,8 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
 
     Method: performance build (CPU: LLVM opt-level 3, P loops parallel, V loops vectorized,
     bound loops serial; CUDA: the GPU form), seeded inputs, --warmup calls, then TVM's
-    time_evaluator with --repeat measurements of --number calls. CPU timings use
+    time_evaluator with --repeat measurements of --number calls (on CUDA each measurement
+    starts from a flushed L2 cache: twice the device's L2 written first). CPU timings use
     TVM_NUM_THREADS threads (1 unless set). Warns on stderr when CV > 5 %."""
     from ..backend.errors import BackendError, LoweringError
     from ..runner.timing import NOISY_CV, compare, measure
@@ -94,8 +95,9 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
         typer.echo(f"{str(p):<{w}}  {t.median_us:>11.3f}  {t.min_us:>11.3f}  {t.iqr_us:>10.3f}  {t.cv:>6.1%}  {sp:>8}  "
                    f"{ci:>15}  {c.verdict if c is not None else ''}")
     t0 = rows[0][2]
+    flush = ", L2 flushed before each" if t0.device == "cuda" else ""
     typer.echo(f"({t0.device}, {t0.threads} TVM thread(s), {t0.repeats} measurements of {t0.number} call(s) each "
-               f"for the first program)", err=True)
+               f"for the first program{flush})", err=True)
 
 
 @app.command()
