@@ -917,8 +917,9 @@ def find_sites(rule, module: LeirModule, matcher: Matcher | None = None) -> list
 def prefetch_sites(rules: list, module: LeirModule, matcher: Matcher | None = None) -> None:
     """Run the queries of every rule in ``rules`` on ``module`` in one batch
     (:meth:`Matcher.prefetch`), so that the :func:`find_sites` calls that follow are
-    lookups. For callers that list all candidates of many rules (search expansion, the
-    dataset, ``stp rules`` tools); the sites are the same as rule by rule."""
+    lookups. For callers that list the candidates of many rules on one program (the engine
+    service's counts behind the search's expansion, ``stp dataset``, :func:`find_sites_many`,
+    ``benchmarks/bench_matching.py``); the sites are the same as rule by rule."""
     todo = [r for r in rules if (r.key, module) not in _SITES]
     if todo:
         (matcher or shared_matcher()).prefetch(module, todo)
