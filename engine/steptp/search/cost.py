@@ -9,15 +9,21 @@ For every equation instance (its enclosing loops give the iteration count ``n``)
   and ``if_then_else`` = 1) and ``lanes`` = min(extent, vector width) when the innermost
   loop is ``V`` (vector width = 32 bytes / dtype bytes on the CPU, AVX2; 1 on CUDA, where
   the SIMT lanes are the threads).
+* latency (CPU): an accumulation ``X = X op f`` whose innermost loop is one of its
+  reduction axes (the index is not in ``X``'s subscript) chains every iteration on the
+  previous one (LLVM may not reassociate floating-point sums without fast-math), so it
+  takes at least ``n * reduce_latency_cycles / freq`` (4 cycles: a floating-point add or
+  FMA); a spatial innermost loop leaves the iterations independent.
 * memory: every tensor access moves ``n * dtype_bytes * stride_factor / reuse`` bytes at
-  the bandwidth of its scope (``g`` 20 GB/s on the CPU (one core's DRAM share), 100 GB/s
-  when the equation touches at most 1 MiB (cache); ``s``/``l`` treated as cache/registers:
-  4x and 16x faster). ``stride_factor`` is 1 when the
+  the bandwidth of its scope (``g`` 20 GB/s on the CPU (one core's DRAM share), 50 GB/s
+  when the elements the equation can touch (per access, the product of the extents of the
+  loops its subscript uses) fit in 16 MiB (last-level cache) and 100 GB/s when they fit in
+  1 MiB (L2); ``s``/``l`` treated as cache/registers: 4x and 16x faster). ``stride_factor`` is 1 when the
   innermost loop index is in the last subscript (contiguous), 8 when it is in another
   subscript (one cache line of 64 B per element), and the access costs once per
   innermost-loop trip (``reuse`` = innermost extent) when the innermost index does not
   occur at all (register reuse).
-* equation time = max(compute, memory) (roofline), divided by the parallelism of its
+* equation time = max(compute, latency, memory) (roofline), divided by the parallelism of its
   parallel loops: ``P`` loops (CPU: up to ``cores``) and, on CUDA, ``B`` loops (threads up
   to 1024 per block, blocks up to ``sms * 16``). On the CPU ``B`` loops are serial (the
   backend lowers them to serial loops).
@@ -25,7 +31,8 @@ For every equation instance (its enclosing loops give the iteration count ``n``)
   trip count of the loops around it, 5 µs per nest launch on CUDA, 20 ns per loop entry of
   an unrolled (``U``) loop saved (unrolling removes branch overhead).
 
-Sources: roofline model (Williams, Waterman, Patterson, CACM 2009); target limits from
+Sources: roofline model (Williams, Waterman, Patterson, CACM 2009); instruction latencies
+(Agner Fog, "Instruction tables": FP add/FMA 3-4 cycles on current x86); target limits from
 :mod:`steptp.backend.hardware` (CUDA) and ``TVM_NUM_THREADS`` (CPU threads of the timed
 build, 1 unless set: :mod:`steptp.runner.timing`).
 """
@@ -37,7 +44,7 @@ import os
 from dataclasses import dataclass
 
 from ..leir import ast as A
-from ..leir.analysis import index_names
+from ..leir.analysis import index_names, self_reference_kind
 
 _OP_COST = {"+": 1, "-": 1, "*": 1, "/": 1, "//": 4, "%": 4, "**": 12}
 _CALL_COST = {"exp": 12, "log": 12, "sqrt": 6, "tanh": 14, "erf": 14, "abs": 1, "max": 1, "min": 1,
@@ -58,6 +65,9 @@ class Target:
     sms: int = 132
     cache_gbs: float = 100.0
     cache_bytes: int = 1 << 20
+    l3_gbs: float = 50.0
+    l3_bytes: int = 16 << 20
+    reduce_latency_cycles: float = 4.0
 
     @staticmethod
     def for_name(name: str) -> "Target":
@@ -87,6 +97,27 @@ def _accesses(eq: A.Assign):
     for x in A.walk(eq.value):
         if isinstance(x, A.Tensor):
             yield x
+
+
+def serial_chain(eq: A.Assign, loops: tuple[A.Loop, ...]) -> bool:
+    """Whether consecutive iterations of the innermost loop of ``loops`` chain through the
+    accumulator of ``eq``: ``eq`` accumulates (``X = X op f``,
+    :func:`~steptp.leir.analysis.self_reference_kind`), the innermost loop is not ``V`` and its
+    index is not in ``X``'s subscript (a reduction axis)."""
+    if not loops or loops[-1].kind == "V" or self_reference_kind(eq) is None:
+        return False
+    return not any(loops[-1].var in index_names(i) for i in eq.target.indices)
+
+
+def _footprint(eq: A.Assign, loops: tuple[A.Loop, ...]) -> int:
+    """Bytes the equation can touch: per distinct access, the dtype size times the product
+    of the extents of the loops whose index its subscript uses (an upper bound on the
+    elements it reaches)."""
+    total = 0
+    for acc in {(a.name, a.indices): a for a in _accesses(eq)}.values():
+        used = set().union(*[index_names(i) for i in acc.indices]) if acc.indices else set()
+        total += A.DTYPE_BYTES.get(acc.dtype, 4) * math.prod(lp.extent for lp in loops if lp.var in used)
+    return total
 
 
 def estimate_ns(program: A.Program, target: Target | str = "cpu") -> float:
@@ -131,9 +162,14 @@ def _eq_ns(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> float:
     if inner is not None and inner.kind == "V" and tgt.kind == "cpu":
         lanes = max(1, min(inner.extent, tgt.vector_bytes // nbytes))
     compute_ns = n * _ops(eq.value) / (tgt.freq_ghz * lanes)
+    if tgt.kind == "cpu" and serial_chain(eq, loops):  # one accumulator latency per iteration
+        compute_ns = max(compute_ns, n * tgt.reduce_latency_cycles / tgt.freq_ghz)
     mem_ns = 0.0
-    # GB/s = bytes/ns; an equation whose accesses fit in the cache (1 MiB) runs at cache bandwidth
-    bw = tgt.cache_gbs if tgt.kind == "cpu" and n * nbytes <= tgt.cache_bytes else tgt.bw_gbs
+    # GB/s = bytes/ns; an equation whose data fit in the cache (1 MiB) runs at cache bandwidth
+    bw = tgt.bw_gbs
+    if tgt.kind == "cpu":
+        fp = _footprint(eq, loops)
+        bw = tgt.cache_gbs if fp <= tgt.cache_bytes else tgt.l3_gbs if fp <= tgt.l3_bytes else tgt.bw_gbs
     for acc in _accesses(eq):
         b = A.DTYPE_BYTES.get(acc.dtype, 4)
         scope_speed = {"g": 1.0, "s": 4.0, "l": 16.0}.get(acc.scope, 1.0)

@@ -17,7 +17,10 @@ Per equation instance (an equation with every loop around it):
 * parallelism: the product of ``P`` extents and the trips around the parallel region
   (fork/join count), vector lanes of an innermost ``V`` loop, ``U`` extents, ``B`` thread
   and block extents;
-* whether the equation accumulates into its target (a reduction);
+* whether the equation accumulates into its target (a reduction), and whether its innermost
+  loop is a reduction axis, so that consecutive iterations chain through the accumulator
+  (:func:`steptp.search.cost.serial_chain`: latency-bound on a CPU), also times log2 of that
+  loop's extent (short chains overlap in the out-of-order window);
 * footprint: per access the elements its subscripts reach (the product of the extents of
   the loops whose index it uses) times the dtype size, summed per equation and, per tensor
   (its largest access), over the program; strides matter once it leaves the cache, so the
@@ -42,7 +45,7 @@ import math
 from ..leir import ast as A
 from ..backend.preflight import linear_form
 from ..leir.analysis import index_names, is_self_referencing
-from .cost import Target, _accesses, _ops, estimate_ns
+from .cost import Target, _accesses, _ops, estimate_ns, serial_chain
 
 _TRANSCENDENTAL = {"exp", "log", "sqrt", "tanh", "erf"}
 
@@ -56,7 +59,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "w_log2_threads", "w_log2_blocks", "w_contiguous", "w_strided", "w_invariant", "w_unit_stride",
     "w_scope_g", "w_scope_s", "w_scope_l", "w_reduction", "w_dtype_bytes", "w_ops", "w_log2_intensity",
     "reduction_eqs", "vector_eqs", "parallel_eqs", "log2_eager_bytes", "log2_footprint", "log2_eq_footprint_max",
-    "w_strided_x_footprint", "w_invariant_x_footprint",
+    "w_strided_x_footprint", "w_invariant_x_footprint", "w_inner_chain", "w_inner_chain_x_extent",
 )
 
 
@@ -119,7 +122,8 @@ def _eq_features(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> dict:
             "lanes": lanes, "unroll": unroll, "par": par, "threads": threads, "blocks": blocks,
             "contiguous": contiguous / k, "strided": strided / k, "invariant": invariant / k, "unit": unit / k,
             "g": scopes.get("g", 0) / k, "s": scopes.get("s", 0) / k, "l": scopes.get("l", 0) / k,
-            "reduction": 1.0 if is_self_referencing(eq) else 0.0, "dtype": nbytes, "reach": reach,
+            "reduction": 1.0 if is_self_referencing(eq) else 0.0, "chain": 1.0 if serial_chain(eq, loops) else 0.0,
+            "dtype": nbytes, "reach": reach,
             "footprint": sum(reach.values())}
 
 
@@ -186,6 +190,8 @@ def program_features(program: A.Program, target: str = "cpu") -> list[float]:
         "log2_eq_footprint_max": _log2(max((e["footprint"] for e in eqs), default=0)),
         "w_strided_x_footprint": w(lambda e: e["strided"] * _log2(e["footprint"])),
         "w_invariant_x_footprint": w(lambda e: e["invariant"] * _log2(e["footprint"])),
+        "w_inner_chain": w(lambda e: e["chain"]),
+        "w_inner_chain_x_extent": w(lambda e: e["chain"] * _log2(e["inner_extent"])),
     }
     return [float(vals[k]) for k in FEATURE_NAMES]
 
