@@ -18,8 +18,8 @@ For every equation instance (its enclosing loops give the iteration count ``n``)
   the bandwidth of its scope (``g`` 20 GB/s on the CPU (one core's DRAM share), 50 GB/s
   when the elements the equation can touch (per access, the product of the extents of the
   loops its subscript uses) fit in 16 MiB (last-level cache) and 100 GB/s when they fit in
-  1 MiB (L2); ``s``/``l`` treated as cache/registers: 4x and 16x faster). ``stride_factor`` is 1 when the
-  innermost loop index is in the last subscript (contiguous), 8 when it is in another
+  1 MiB (L2); ``s``/``l`` treated as cache/registers: 4x and 16x faster). ``stride_factor``
+  is 1 when the innermost loop index is in the last subscript (contiguous), 8 when it is in another
   subscript (one cache line of 64 B per element), and the access costs once per
   innermost-loop trip (``reuse`` = innermost extent) when the innermost index does not
   occur at all (register reuse).
@@ -165,7 +165,7 @@ def _eq_ns(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> float:
     if tgt.kind == "cpu" and serial_chain(eq, loops):  # one accumulator latency per iteration
         compute_ns = max(compute_ns, n * tgt.reduce_latency_cycles / tgt.freq_ghz)
     mem_ns = 0.0
-    # GB/s = bytes/ns; an equation whose data fit in the cache (1 MiB) runs at cache bandwidth
+    # GB/s = bytes/ns; an equation whose data fit in L2 (1 MiB) or the L3 (16 MiB) runs at its bandwidth
     bw = tgt.bw_gbs
     if tgt.kind == "cpu":
         fp = _footprint(eq, loops)
