@@ -252,10 +252,12 @@ class _Emitter:
     poison = False
     #: performance form only (``lower_module(..., fast_exp=True, vector_lanes=w)``):
     #: float32 ``exp`` inside a ``V`` loop as the polynomial :data:`_FAST_EXP_POLY` (LLVM
-    #: has no vector ``expf`` and calls libm once per lane), and ``V`` loops longer than ``w``
-    #: split into a serial loop over a vectorised loop of ``w`` lanes (and a tail, :meth:`_loops`)
+    #: has no vector ``expf`` and calls libm once per lane), and ``V`` loops longer than
+    #: ``split_above`` lanes split into a serial loop over a vectorised loop of ``w`` lanes (and
+    #: a tail, :meth:`_loops`)
     fast_exp = False
     vector_lanes = 0
+    split_above = 0
 
     def __init__(self, prog: A.Program, sig: Signature, info: ProgramInfo, target: str):
         self.prog, self.sig, self.info, self.target = prog, sig, info, target
@@ -598,16 +600,18 @@ class _Emitter:
     def _loops(self, d: int, nest: A.Nest, i: int, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
         """Loops ``i..`` of ``nest`` and its body; returns the index of the next equation.
 
-        Performance form: a ``V`` loop of extent n > w (``vector_lanes``) becomes a serial loop
-        of n // w iterations over ``T.vectorized(w)`` and, when w does not divide n, a tail of
-        n % w lanes with a second copy of the loops inside and the body (TVM's vectoriser
-        scalarises a guarded tail, and one n-lane vector is legalised by LLVM into spills).
+        Performance form: a ``V`` loop of extent n > ``split_above`` becomes a serial loop of
+        n // w iterations over ``T.vectorized(w)`` (w: ``vector_lanes``) and, when w does not
+        divide n, a tail of n % w lanes with a second copy of the loops inside and the body
+        (TVM's vectoriser scalarises a guarded tail). LLVM turns one n-lane vector into
+        straight-line code over n / w registers, which is faster than the loop while it fits
+        the register file and spills beyond it.
         A ``V`` loop is never a reduction axis (:func:`~steptp.backend.preflight.loop_hazards`
         rejects it), so no block of the tail initialises an accumulator a second time."""
         if i == len(nest.loops):
             return self._body(d, nest, ctxs, k, use_tinit)
         l, w = nest.loops[i], self.vector_lanes
-        if l.kind == "V" and w and l.extent > w:
+        if l.kind == "V" and w and l.extent > max(w, self.split_above):
             main, tail = divmod(l.extent, w)
             v = self.names.loop[l.var]
             self.out(d, f"for _vo_{v} in range({main}):")
@@ -656,7 +660,8 @@ def _strip(s: str) -> str:
 
 
 def lower_module(module_or_program, signature: Signature | None = None, target: str = "cpu",
-                 poison: bool = False, fast_exp: bool = False, vector_lanes: int = 0) -> Lowered:
+                 poison: bool = False, fast_exp: bool = False, vector_lanes: int = 0,
+                 split_above: int = 0) -> Lowered:
     """Lower LEIR to TVMScript and return it with its parameter mapping (see :class:`Lowered`).
 
     Raises :class:`LoweringError` for LEIR semantic errors (shapes, bounds, dtype clashes,
@@ -670,10 +675,10 @@ def lower_module(module_or_program, signature: Signature | None = None, target: 
     ``fast_exp`` and ``vector_lanes`` (the CPU performance form only,
     :func:`steptp.backend.perf.perf_cpu_text`): float32 ``exp`` inside ``V`` loops as a
     vectorisable polynomial (:meth:`_Emitter.fast_exp_text`, TVM ``topi.fast_exp``'s
-    method), and each ``V`` loop longer than ``vector_lanes`` split into a serial loop over
-    ``T.vectorized(vector_lanes)`` (the machine's vector width: a 4096-lane vector type is
-    legalised into spills) plus, when the width does not divide the extent, a vectorised
-    tail (:meth:`_Emitter._loops`). Raises ``ValueError`` for
+    method), and each ``V`` loop longer than ``split_above`` lanes (and than
+    ``vector_lanes``) split into a serial loop over ``T.vectorized(vector_lanes)`` (the
+    machine's vector width: a 4096-lane vector type is legalised into spills) plus, when the
+    width does not divide the extent, a vectorised tail (:meth:`_Emitter._loops`). Raises ``ValueError`` for
     either with ``poison`` (verification builds stay exact).
     """
     if (fast_exp or vector_lanes) and poison:
@@ -690,7 +695,7 @@ def lower_module(module_or_program, signature: Signature | None = None, target: 
         raise LoweringError("; ".join(hazards))
     em = _Emitter(prog, sig, info, target)
     em.poison = poison
-    em.fast_exp, em.vector_lanes = fast_exp, int(vector_lanes)
+    em.fast_exp, em.vector_lanes, em.split_above = fast_exp, int(vector_lanes), int(split_above)
     text = em.run()
     params = tuple((t.name, em.names.buf[t.name]) for t in sig.tensors)
     return Lowered(text, target, sig, params, info)
