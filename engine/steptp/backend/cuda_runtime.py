@@ -52,6 +52,7 @@ memory access the CUDA context is unusable: run GPU work in a worker process
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -229,6 +230,13 @@ def compute_capability(index: int = 0) -> tuple[int, int] | None:
     if simulated():
         level = arch_level(os.environ.get(SIM_ARCH_ENV, "sm_90"))
         return None if level is None else divmod(level, 10)
+    return _device_attributes(index, 75, 76)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_attributes(index: int, *attrs: int) -> tuple[int, ...] | None:
+    """The driver's ``cuDeviceGetAttribute`` values ``attrs`` of CUDA device ``index`` (fixed
+    for the process: cached), or None without a driver or device."""
     try:
         lib = ctypes.CDLL(LIBCUDA_SONAME)
         if lib.cuInit(0) != 0:
@@ -236,12 +244,13 @@ def compute_capability(index: int = 0) -> tuple[int, int] | None:
         dev = ctypes.c_int(0)
         if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
             return None
-        major, minor = ctypes.c_int(0), ctypes.c_int(0)
-        if lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0:
-            return None
-        if lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0:
-            return None
-        return int(major.value), int(minor.value)
+        out = []
+        for attr in attrs:
+            v = ctypes.c_int(0)
+            if lib.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) != 0:
+                return None
+            out.append(int(v.value))
+        return tuple(out)
     except OSError:
         return None
 
@@ -253,19 +262,8 @@ def l2_cache_bytes(index: int = 0) -> int | None:
     if simulated():
         v = os.environ.get(SIM_L2_ENV, "")
         return int(v) if v.isdigit() else SIM_L2_BYTES
-    try:
-        lib = ctypes.CDLL(LIBCUDA_SONAME)
-        if lib.cuInit(0) != 0:
-            return None
-        dev = ctypes.c_int(0)
-        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
-            return None
-        size = ctypes.c_int(0)
-        if lib.cuDeviceGetAttribute(ctypes.byref(size), 38, dev) != 0:
-            return None
-        return int(size.value)
-    except OSError:
-        return None
+    got = _device_attributes(index, 38)
+    return None if got is None else got[0]
 
 
 def l2_flush_bytes(device: str) -> int:
