@@ -180,21 +180,25 @@ def decode_term(td, tid: int, memo: dict):
     if isinstance(t, B.TermLit):
         r = t.value.value
     else:
-        nm, args = t.name, t.args
-        c = BY_NAME.get(nm)
-        if c is not None:
-            vals = [decode_term(td, a, memo) for a in args]
-            r = c.node(*[float(v) if k == "Float" else v for v, (_, k) in zip(vals, c.fields)])
-        elif nm in ("TNil", "LNil"):
-            r = ()
-        elif nm in ("TCons", "LCons"):
-            r = (decode_term(td, args[0], memo),) + decode_term(td, args[1], memo)
-        elif nm in ("set-of", "set-empty"):
-            r = frozenset(decode_term(td, a, memo) for a in args)
-        else:
-            raise TypeError(f"unexpected egglog term {nm}")
+        r = _node(t.name, [decode_term(td, a, memo) for a in t.args])
     memo[tid] = r
     return r
+
+
+def _node(name: str, vals: list):
+    """The decoded value of constructor ``name`` applied to the decoded ``vals``: an AST node
+    (:data:`CONSTRUCTORS`), a tuple (``TL``/``LL`` cons lists) or a ``frozenset`` (egglog
+    sets). Raises ``TypeError`` for an unknown constructor."""
+    c = BY_NAME.get(name)
+    if c is not None:
+        return c.node(*[float(v) if k == "Float" else v for v, (_, k) in zip(vals, c.fields)])
+    if name in ("TNil", "LNil"):
+        return ()
+    if name in ("TCons", "LCons"):
+        return (vals[0],) + vals[1]
+    if name in ("set-of", "set-empty"):
+        return frozenset(vals)
+    raise TypeError(f"unexpected egglog term {name}")
 
 
 class FrozenDecoder:
@@ -238,14 +242,7 @@ class FrozenDecoder:
         if node is None:
             raise TypeError(f"no constructor node for a value of sort {sort}")
         name, sorts, args = node
-        c = BY_NAME.get(name)
-        if c is not None:
-            vals = [self.value(s, a) for s, a in zip(sorts, args)]
-            r = c.node(*[float(x) if k == "Float" else x for x, (_, k) in zip(vals, c.fields)])
-        elif len(args) == 0:  # TNil / LNil
-            r = ()
-        else:  # TCons / LCons
-            r = (self.value(sorts[0], args[0]),) + self.value(sorts[1], args[1])
+        r = _node(name, [self.value(s, a) for s, a in zip(sorts, args)])
         self.memo[key] = r
         return r
 
