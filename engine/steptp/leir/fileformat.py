@@ -97,7 +97,7 @@ class LeirModule:
 _PROGRAM_RE = re.compile(r"^\s*%\s*program\s*:\s*(?P<name>.*?)\s*$")
 _DECL_RE = re.compile(
     r"^\s*%\s*(?P<role>input|param|constant|output)\s+(?P<name>[A-Z][A-Za-z0-9]*)\s*:\s*"
-    r"(?P<dtype>[a-z0-9]+)\s*\[(?P<shape>[\d,\s]*)\]\s*$")
+    r"(?P<dtype>[a-z0-9]+)\s*\[(?P<shape>[^\]]*)\]\s*$", re.ASCII)
 
 
 def _shape(shape_txt: str, source: str, lineno: int, col: int, line: str) -> tuple[int, ...]:
@@ -114,6 +114,10 @@ def _shape(shape_txt: str, source: str, lineno: int, col: int, line: str) -> tup
         p = part.strip()
         if not p:
             raise LeirSyntaxError("empty tensor dimension", source, lineno, c, ["a positive integer"], f"  {line}")
+        if not re.fullmatch(r"[0-9]+", p):
+            bad = next(i for i, ch in enumerate(p) if ch not in "0123456789")
+            raise LeirSyntaxError(f"tensor dimension {p[:24]!r} is not an integer", source, lineno, c + bad,
+                                  ["a positive integer (digits 0-9)"], f"  {line}")
         if len(p.lstrip("0")) > len(str(MAX_EXTENT)) or int(p) > MAX_EXTENT:
             raise LeirSyntaxError(f"tensor dimension {p[:24]} exceeds the limit {MAX_EXTENT}", source, lineno, c,
                                   None, f"  {line}")
@@ -155,8 +159,8 @@ def parse_leir(text: str, source: str = "<string>") -> LeirModule:
                                       ["'% ROLE NAME: DTYPE[d0,d1,...]'"], f"  {line}")
             if m.group("dtype") not in A.DTYPES:
                 raise LeirSyntaxError(f"unknown dtype {m.group('dtype')!r}", source, lineno,
-                                      line.index(m.group("dtype")) + 1, sorted(A.DTYPES), f"  {line}")
-            shape = _shape(m.group("shape"), source, lineno, line.index("[") + 2, line)
+                                      m.start("dtype") + 1, sorted(A.DTYPES), f"  {line}")
+            shape = _shape(m.group("shape"), source, lineno, m.start("shape") + 1, line)
             if any(d.name == m.group("name") for d in decls):
                 raise LeirSyntaxError(f"tensor {m.group('name')} declared twice", source, lineno, col, None,
                                       f"  {line}")
