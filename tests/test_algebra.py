@@ -358,3 +358,25 @@ def test_an_outer_limit_swallowed_in_an_inner_block_fires_again_after_it():
             time.sleep(3)  # the outer limit fires here at once
     assert swallowed and isinstance(swallowed[0], WorkTimeout)
     assert time.perf_counter() - t0 < 1.5
+
+
+@pytest.mark.parametrize("c", ["2.0", "32.0", "1000.0", "0.001"])
+def test_a_perturbed_constant_is_disproved_whatever_its_size(c):
+    """Issue 34: ``x/c`` rewritten to ``x*(1.00001/c)`` was "unknown" (the numeric test had an
+    absolute floor of 1e-6): constants are exact rationals, so the difference is decided."""
+    from steptp.leir import parse_expr
+
+    before = parse_expr(f"A^{{f32,g}}_{{tx}}/{c}")
+    assert G.symbolic_check(before, parse_expr(f"A^{{f32,g}}_{{tx}}*(1.00001/{c})")) == "disproved"
+    assert G.symbolic_check(before, parse_expr(f"A^{{f32,g}}_{{tx}}*(1.0/{c})")) == "proved"
+    # a transcendental side: decided at 50 digits with the same threshold
+    assert G.symbolic_check(parse_expr(f"exp(A^{{f32,g}}_{{tx}}/{c})"),
+                            parse_expr(f"exp(A^{{f32,g}}_{{tx}}*(1.00001/{c}))")) == "disproved"
+
+
+def test_a_folded_constant_rounded_to_float64_is_not_a_disproof():
+    from steptp.leir import parse_expr
+
+    # 1/3 printed as a decimal: differs from x/3 by 3e-17 relative, the rounding of the constant
+    assert G.symbolic_check(parse_expr("A^{f32,g}_{tx}/3.0"), parse_expr("A^{f32,g}_{tx}*0.3333333333333333")) \
+        in ("proved", "unknown")

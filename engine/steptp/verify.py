@@ -47,7 +47,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .backend.build import IsolatedRunner, compile_cuda_text, nvcc_check, nvcc_path, np_dtype, run_lowered
-from .backend.errors import BackendError, BuildError, ExecError, LoweringError
+from .backend.errors import BackendError, BuildError, ExecError, LoweringError, WorkerFailure
 from .backend.hardware import DEFAULT_GPU, GpuLimits
 from .backend.preflight import preflight
 from .backend.tvmscript import lower_module, tvm_dtype
@@ -255,6 +255,12 @@ class VerifyResult:
     * ``arbiter_excess``: with ``arbiter == "f64"``, ``{"ours": r1, "reference": r2}``: the
       largest excess ratios (error / allowed bound) of our outputs and of the reference
       against the float64 truth (``r1 <= 1 < r2``); ``None`` otherwise (not recorded).
+    * ``worker_failure``: Exec failed because the worker process was killed at its time
+      limit, crashed or was unreachable (:class:`~steptp.backend.errors.WorkerFailure`): the
+      program's fault or the machine's; :func:`confirm_failure` tells which.
+    * ``infrastructure``: set by :func:`confirm_failure` when that failure did not reproduce
+      in a fresh worker: the machine's fault, not the program's (never a negative, never
+      scored). Both recorded by :meth:`to_dict` only when True.
     """
 
     diff: bool = False
@@ -268,6 +274,8 @@ class VerifyResult:
     device: str = "cpu"
     arbiter: str = ""
     arbiter_excess: dict | None = None
+    worker_failure: bool = False
+    infrastructure: bool = False
 
     @property
     def ok(self) -> bool:
@@ -282,6 +290,9 @@ class VerifyResult:
             del d["arbiter"]
         if d["arbiter_excess"] is None:
             del d["arbiter_excess"]
+        for k in ("worker_failure", "infrastructure"):
+            if not d[k]:
+                del d[k]
         for k in ("max_abs_err", "max_rel_err"):
             v = d[k]
             if v is not None and not math.isfinite(v):
@@ -420,6 +431,29 @@ def _runner_for(isolated: bool, runner: IsolatedRunner | None) -> IsolatedRunner
     if runner is not None:
         return runner
     return default_runner() if isolated else None
+
+
+def confirm_failure(res: VerifyResult, again: Callable[[], VerifyResult],
+                    runner: IsolatedRunner | None = None) -> VerifyResult:
+    """Tell the program's failure from the machine's (issue 34).
+
+    ``res`` is a verification result; ``again()`` runs the same verification once more.
+    When ``res`` failed because its worker was killed at the time limit, crashed or was
+    unreachable (``res.worker_failure``), ``runner`` (the worker it ran in) is discarded so
+    that ``again()`` runs in a fresh worker. If the failure reproduces, the second result is
+    returned: the program's own failure (a hanging or crashing completion is never let off).
+    If it does not, ``res`` is returned with ``infrastructure = True``: machine load or a
+    flaky worker, which callers must neither score (:mod:`steptp.rewards` returns None) nor
+    record as a negative (``stp dataset --negatives``). Any other ``res`` is returned as is."""
+    if not res.worker_failure:
+        return res
+    if runner is not None:
+        runner.discard()
+    second = again()
+    if second.worker_failure:
+        return second
+    res.infrastructure = True
+    return res
 
 
 def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, seed: int = 0,
@@ -613,6 +647,7 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
     except ExecError as e:
         res.build = True
         res.reason = f"exec: {e.reason}"
+        res.worker_failure = isinstance(e, WorkerFailure)
         return res
     res.build = True
     for k, out in enumerate(outs):
@@ -767,4 +802,4 @@ __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIF
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs",
            "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",
-           "ARBITER_FACTOR", "ArbiterResult"]
+           "ARBITER_FACTOR", "ArbiterResult", "confirm_failure"]

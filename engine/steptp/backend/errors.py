@@ -13,7 +13,9 @@ loop at fault (it is what ends up in ``VerifyResult.reason`` and in dataset repo
     │   └── PreflightError  GPU preflight rejected a kernel TVM would accept silently
     │                       (thread limits, unbound equations, ...); ``problems`` lists all.
     └── ExecError         running the compiled kernel failed: bad input arrays, a runtime
-                          error, a crash or a time limit in an isolated worker.
+        │                 error, a crash or a time limit in an isolated worker.
+        ├── WorkerFailure the worker was killed at its time limit, crashed or is unreachable
+        └── FormMismatch  the CPU performance form's outputs differ from the verification form's
 
 All classes pickle (the isolated worker sends them back to the parent process).
 """
@@ -63,6 +65,30 @@ class ExecError(BackendError):
     stage = "exec"
 
 
+class WorkerFailure(ExecError):
+    """The worker process running a call was killed at its time limit, crashed or became
+    unreachable. Either the program's fault (a non-terminating or crashing kernel) or the
+    machine's (load, memory): only running the same call once more in a fresh worker tells
+    (:func:`steptp.verify.confirm_failure`). Raised by
+    :meth:`steptp.runner.worker.IsolatedRunner.call`."""
+
+
+class FormMismatch(ExecError):
+    """The CPU performance form (opt-level 3, ``-mcpu``, polynomial ``exp``, vector splits)
+    computes other outputs than the verification form of the same program on the same inputs:
+    a miscompile in code only the timed form uses. ``verification`` and ``performance`` hold
+    the two TVMScript texts. Raised before a CPU timing is reported
+    (:func:`steptp.runner.timing.check_performance_form`)."""
+
+    def __init__(self, reason: str, verification: str = "", performance: str = ""):
+        super().__init__(reason)
+        self.verification = verification
+        self.performance = performance
+
+    def __reduce__(self):
+        return (self.__class__, (self.reason, self.verification, self.performance))
+
+
 def short_tvm_error(exc: BaseException, limit: int = 400) -> str:
     """One-line summary of a TVM exception: its type plus the most informative line.
 
@@ -86,4 +112,4 @@ def short_tvm_error(exc: BaseException, limit: int = 400) -> str:
     return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
-__all__ = ["BackendError", "LoweringError", "BuildError", "PreflightError", "ExecError", "short_tvm_error"]
+__all__ = ["BackendError", "LoweringError", "BuildError", "PreflightError", "ExecError", "WorkerFailure", "FormMismatch", "short_tvm_error"]

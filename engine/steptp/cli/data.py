@@ -69,8 +69,10 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
     """Generate the dictionary dataset and the single/multi-answer chat sets (ms-swift messages).
 
     The output files do not depend on -j or --ray: programs are recorded in input order.
-    Exit 1 when every program failed with an internal error (report.json: internal_errors)
-    or a worker process died, 2 for bad input."""
+    Exit 1 when every program failed with an internal error (report.json: internal_errors), when a
+    rule failed on every attempt with a rule error such as a broken CoT template (report.json:
+    rule_errors), or when a worker process died; 2 for bad input. A resume after a rule file changed
+    refuses (run.json records each rule file's content hash)."""
     from .timing import device_problem
 
     problem = device_problem(device)
@@ -124,6 +126,12 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
     if report["programs_failed"]:
         typer.echo(f"{len(report['programs_failed'])} program(s) skipped; see {outdir}/report.json", err=True)
     internal_errors_exit(report.get("internal_errors", 0), report["programs"], outdir / "report.json")
+    broken = report.get("rule_errors") or {}
+    if broken:
+        for rid, reason in broken.items():
+            typer.echo(f"error: rule {rid}: every attempt failed with a rule error: {reason.splitlines()[0]}", err=True)
+        fail(f"{len(broken)} rule(s) failed on every attempt ({', '.join(broken)}); fix the rule file(s) "
+             f"(stp rules lint names the line) and rerun into a new output directory", 1)
 
 
 @app.command()

@@ -70,16 +70,25 @@ def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
                strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings.")):
     """Validate rule files and warn about preconditions whose matching cost explodes.
 
-    Each rule is loaded (schema, patterns, relations, templates, tests' LEIR) and matched on
-    the largest bundled program and on a copy scaled to --nests nests."""
+    Each rule is loaded (schema, patterns, relations, templates, tests' LEIR), applied to its own
+    tests (a CoT template that cannot render, or a where: clause that rejects every site of a
+    test expecting a rewrite, is an error naming the file and line: exit 1) and matched on the
+    largest bundled program and on a copy scaled to --nests nests."""
     from ..rules.tools import largest_program, lint_rules
+
+    from ..rules.tools import lint_tests
 
     rules = _rule_files(files)
     typer.echo(f"{len(rules)} rule file(s) load and validate")
+    errors = lint_tests(rules)
+    for f in errors:
+        typer.echo(str(f), err=True)
     paths = program or ([Path("examples")] if Path("examples").is_dir() else [])
     mod = largest_program(paths) if paths else None
     if mod is None:
         typer.echo("no .leir program given (--program): matching cost not checked")
+        if errors:
+            raise typer.Exit(1)
         return
     findings, fig = lint_rules(rules, mod, slow_ms=slow_ms, scale_nests=nests)
     slowest = sorted(fig["big"]["rules"].items(), key=lambda kv: -kv[1])[:3]
@@ -90,7 +99,9 @@ def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
         typer.echo(str(f))
     if not findings:
         typer.echo("no warnings")
-    elif strict:
+    if errors:
+        raise typer.Exit(1)
+    if findings and strict:
         raise typer.Exit(1)
 
 

@@ -65,7 +65,7 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
         except LoweringError as e:
             fail(f"{p}: {e.reason}")
         except BackendError as e:
-            fail(f"{p}: {e.stage}: {e.reason}", 1)
+            _timing_failed(p, e)
         if base is None:
             base = (m, t)
         s = c = None
@@ -75,7 +75,7 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
             try:
                 c = compare(base[0], m, device, rounds=repeat, warmup=warmup, min_repeat_ms=min_repeat_ms, seed=seed)
             except BackendError as e:
-                fail(f"{p}: {e.stage}: {e.reason}", 1)
+                _timing_failed(p, e)
             s = c.speedup
         if t.cv > NOISY_CV:
             typer.echo(f"warning: {p}: CV {t.cv:.1%} > {NOISY_CV:.0%}: noisy timing (raise --repeat or "
@@ -98,6 +98,22 @@ def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speed
     flush = ", L2 flushed before each" if t0.device == "cuda" else ""
     typer.echo(f"({t0.device}, {t0.threads} TVM thread(s), {t0.repeats} measurements of {t0.number} call(s) each "
                f"for the first program{flush})", err=True)
+
+
+def _timing_failed(path, e) -> None:
+    """Exit 1 for a program that cannot be timed; a performance form that disagrees with the
+    verification form (:class:`~steptp.backend.errors.FormMismatch`) is a defect reported with
+    both TVMScript forms, written to a new temporary directory."""
+    from ..backend.errors import FormMismatch
+
+    if isinstance(e, FormMismatch):
+        import tempfile
+
+        d = Path(tempfile.mkdtemp(prefix="stp-form-mismatch-"))
+        (d / "verification.py").write_text(e.verification)
+        (d / "performance.py").write_text(e.performance)
+        fail(f"{path}: {e.reason}; both forms written to {d}", 1)
+    fail(f"{path}: {e.stage}: {e.reason}", 1)
 
 
 @app.command()

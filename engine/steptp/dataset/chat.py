@@ -56,6 +56,35 @@ def single_messages(entry: dict) -> dict:
             "meta": _meta("single", [entry])}
 
 
+def rl_record(entries: list[dict]) -> dict:
+    """One row of the RL prompt set ``rl_prompts.jsonl``: one original program (``entries``:
+    its dictionary entries, at least one, all with the same original), with what TRL's
+    ``GRPOTrainer`` reads and what :func:`steptp.rewards.step_reward` needs, no join:
+
+    * ``prompt``: the conversational prompt (``[{"role": "user", "content": ...}]``, the chat
+      set's single-answer user turn, :func:`single_prompt`);
+    * ``original``: the program's ``.leir`` text, header included (``step_reward``'s
+      ``original`` column);
+    * ``signature``: the signature dict; ``program``: its name; ``entry_id``: the first of
+      ``entry_ids``, the dictionary entries (verified steps) of this program, whose
+      ``strategies`` (rule ids) are reference answers for analysis (the reward reads neither).
+
+    Loads with ``datasets.load_dataset("json", data_files=...)``; the extra columns reach the
+    reward as keyword arguments, which ``step_reward`` ignores. Raises ``ValueError`` for no
+    entries or entries of different originals."""
+    if not entries:
+        raise ValueError("an RL prompt needs at least one entry")
+    first = entries[0]
+    if any(e["original"]["leir"] != first["original"]["leir"] for e in entries):
+        raise ValueError("the entries of one RL prompt must share the original program")
+    sig = first["signature"]
+    prompt = single_prompt(first["program"], first["original"]["leir"], sig)
+    original = signature_of(sig).header() + "\n" + first["original"]["leir"].strip() + "\n"
+    return {"prompt": [{"role": "user", "content": prompt}], "original": original, "signature": sig,
+            "program": first["program"], "entry_id": first["id"], "entry_ids": [e["id"] for e in entries],
+            "strategies": [e["strategy"]["id"] for e in entries]}
+
+
 def multi_messages(entries: list[dict]) -> dict:
     """One multi-answer record from ``entries`` (>= 2 steps from the same original program)."""
     if len(entries) < 2:

@@ -213,6 +213,14 @@ def _prefetch_sites(rules: list, module: LeirModule, opts: Options) -> None:
         pass
 
 
+def _infrastructure(rule_id: str, res) -> dict:
+    """The attempt record of a candidate whose worker was killed at its time limit or crashed
+    and that ran fine in a fresh worker (:func:`steptp.verify.confirm_failure`): the
+    machine's failure, not the candidate's, so it carries no negative (``--negatives`` reports
+    how many were left out) and no verdict on the program."""
+    return {"rule": rule_id, "outcome": "infrastructure", "reason": res.reason}
+
+
 class _RuleRun:
     """The candidate search of one rule on one program (see :func:`process`)."""
 
@@ -245,7 +253,7 @@ class _RuleRun:
         """Verify further candidates until enough are kept or pending; False if none was tried."""
         from ..engine import apply_rule
         from ..engine.service import bounded
-        from ..verify import verify_pair
+        from ..verify import confirm_failure, verify_pair
 
         opts, rule = self.opts, self.rule
         progressed = False
@@ -269,10 +277,15 @@ class _RuleRun:
             self.tries += 1
             progressed = True
             art: dict = {}
-            res = verify_pair(self.module, step.after, trials=opts.trials, seed=opts.seed, runner=_runner(opts),
-                              timeout_s=opts.timeout_s, nvcc=opts.nvcc and not defer_nvcc,
-                              artifacts=art if opts.with_cuda else None, device=opts.device)
-            if not res.equal:
+            def check(step=step, art=art):
+                return verify_pair(self.module, step.after, trials=opts.trials, seed=opts.seed, runner=_runner(opts),
+                                   timeout_s=opts.timeout_s, nvcc=opts.nvcc and not defer_nvcc,
+                                   artifacts=art if opts.with_cuda else None, device=opts.device)
+
+            res = confirm_failure(check(), check, _runner(opts))
+            if res.infrastructure:
+                self.attempts.append(_infrastructure(rule.id, res))
+            elif not res.equal:
                 self.attempts.append(self.failed(res.reason, step, res))
             elif self._disproved(step, res):
                 continue
@@ -302,13 +315,20 @@ class _RuleRun:
         against the original: ``mutant_failed`` attempts carry the negative; a mutant that
         passes is ``mutant_passed`` (an equivalent edit or a verifier defect: reported, never a
         negative)."""
-        from ..verify import verify_pair
+        from ..verify import confirm_failure, verify_pair
         from .mutants import mutants
 
         out = []
         for op, mod in mutants(step.after, self.opts.mutants, self.opts.seed):
-            res = verify_pair(self.module, mod, trials=self.opts.trials, seed=self.opts.seed, runner=_runner(self.opts),
-                              timeout_s=self.opts.timeout_s, gpu_check=False, device=self.opts.device)
+            def check(mod=mod):
+                return verify_pair(self.module, mod, trials=self.opts.trials, seed=self.opts.seed,
+                                   runner=_runner(self.opts), timeout_s=self.opts.timeout_s, gpu_check=False,
+                                   device=self.opts.device)
+
+            res = confirm_failure(check(), check, _runner(self.opts))
+            if res.infrastructure:
+                out.append(_infrastructure(self.rule.id, res))
+                continue
             if res.equal:
                 out.append({"rule": self.rule.id, "outcome": "mutant_passed", "reason": f"{op}: passed verification",
                             "mutant": {"operator": op, "transformed": format_program(mod.program)}})

@@ -8,6 +8,9 @@ Output directory layout::
     OUTDIR/attempts.jsonl      every tried candidate with its outcome (failures included)
     OUTDIR/chat_single.jsonl   ms-swift single-answer set (filtered, derived; atomic rewrite)
     OUTDIR/chat_multi.jsonl    ms-swift multi-answer set (filtered, derived; atomic rewrite)
+    OUTDIR/rl_prompts.jsonl    RL prompt set for TRL GRPOTrainer + steptp.rewards.step_reward: one
+                               single-answer prompt per original program with an ``original``
+                               (.leir) column (derived)
     OUTDIR/report.json         counts per strategy/category/level, pass rates, sizes, failed programs
                                (internal_errors: crashes, input_errors: bad programs)
 
@@ -39,7 +42,7 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from .chat import multi_messages, single_messages
+from .chat import multi_messages, rl_record, single_messages
 from .difficulty import FilterPolicy, filter_multi_items, keep_single, paper_sets
 from .generate import Options, ProgramResult, is_internal_error, process_batch_safe
 from .resume import ResumeError, load_resume_state
@@ -59,6 +62,7 @@ class WorkerCrashed(DatasetError):
 def _run_options(opts: Options, policy: FilterPolicy) -> dict:
     d = asdict(opts)
     d["rule_paths"] = [Path(p).name for p in opts.rule_paths]
+    d["rule_hashes"] = rule_hashes(opts.rule_paths)
     if d["device"] == "cpu":
         del d["device"]  # run.json of CPU runs as before --device existed (they resume)
     if not d["time"]:
@@ -155,6 +159,12 @@ def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: 
             raise DatasetError(f"{run_file}: not a run description ({e})") from None
         if not isinstance(previous, dict):
             raise DatasetError(f"{run_file}: not a run description (expected a JSON object)")
+        changed = sorted(name for name, h in (previous.get("rule_hashes") or {}).items()
+                         if run_opts["rule_hashes"].get(name, h) != h)
+        if changed:
+            raise DatasetError(f"{out} holds a run made with other contents of the rule file(s) "
+                               f"{', '.join(changed)}: its results would be stale; use another output directory "
+                               "or delete it")
         if previous != run_opts:
             diff = sorted(k for k in set(previous) | set(run_opts) if previous.get(k) != run_opts.get(k))
             detail = "; ".join(f"{k}: {previous.get(k)!r} there, {run_opts.get(k)!r} now" for k in diff)
@@ -288,6 +298,41 @@ def preference_pairs(chosen: list[dict], negatives: list[dict], seed: int = 0) -
     return trl, swift
 
 
+#: Attempt outcomes that are errors of the rule itself (its rewrite, its CoT template, its
+#: patterns), not verdicts on a candidate.
+RULE_ERROR_OUTCOMES = ("apply_error", "match_error")
+_LIMIT_ERRORS = ("WorkTimeout", "TimeoutError", "MemoryError")
+
+
+def broken_rules(attempts) -> dict[str, str]:
+    """``{rule id: first error}`` for every rule all of whose attempts (at least one) failed
+    with a rule error (:data:`RULE_ERROR_OUTCOMES`: an exception while matching or applying,
+    e.g. a CoT template with an undefined variable), time and memory limits excepted (those
+    say the program is large, not that the rule is broken). Hard negatives and infrastructure
+    failures do not count. Source: issue 34 (a broken template gave an empty dataset with
+    exit 0)."""
+    by_rule: dict[str, list[dict]] = defaultdict(list)
+    for a in attempts:
+        if a["outcome"].startswith("mutant") or a["outcome"] == "infrastructure":
+            continue
+        by_rule[a["rule"]].append(a)
+    out = {}
+    for rule, atts in sorted(by_rule.items()):
+        if all(a["outcome"] in RULE_ERROR_OUTCOMES and not str(a.get("reason", "")).startswith(_LIMIT_ERRORS)
+               for a in atts):
+            out[rule] = str(atts[0].get("reason", ""))[:300]
+    return out
+
+
+def rule_hashes(rule_paths) -> dict[str, str]:
+    """``{file name: sha256 of its contents (16 hex digits)}`` of the rule files of a run: what
+    ``run.json`` records so that a resume after a rule file changed refuses instead of serving
+    the old results (issue 34)."""
+    import hashlib
+
+    return {Path(p).name: hashlib.sha256(Path(p).read_bytes()).hexdigest()[:16] for p in rule_paths}
+
+
 def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
     out = Path(outdir)
@@ -298,6 +343,13 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     multis = [multi_messages(g) for g in multi_groups]
     write_jsonl_atomic(out / "chat_single.jsonl", singles)
     write_jsonl_atomic(out / "chat_multi.jsonl", multis)
+    # the RL prompt set: one single-answer prompt per original program (no label is trained on, so
+    # no difficulty filter), with the columns steptp.rewards.step_reward reads
+    by_original: dict[str, list[dict]] = defaultdict(list)
+    for e in entries:
+        by_original[e["original"]["leir"]].append(e)
+    rl = [rl_record(group) for group in by_original.values()]
+    write_jsonl_atomic(out / "rl_prompts.jsonl", rl)
     run_file = out / "run.json"
     negatives = None
     if run_file.exists() and json.loads(run_file.read_text(encoding="utf-8")).get("negatives"):
@@ -310,10 +362,12 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     states = list(read_jsonl(out / "state.jsonl"))
     attempts = list(read_jsonl(out / "attempts.jsonl"))
     # hard negatives (--negatives) are not candidates of the rule: they stay out of its pass rate
-    tried = Counter(a["rule"] for a in attempts if not a["outcome"].startswith("mutant"))
+    tried = Counter(a["rule"] for a in attempts
+                    if not a["outcome"].startswith("mutant") and a["outcome"] != "infrastructure")
     passed = Counter(a["rule"] for a in attempts if a["outcome"] == "equal")
     failed = [s for s in states if s.get("error")]
     internal = sum(1 for s in failed if is_internal_error(s["error"]))
+    rule_errors = broken_rules(attempts)
     report = {
         "programs": len(states),
         "programs_failed": sorted(({"source": s.get("source"), "error": s["error"]} for s in failed),
@@ -324,15 +378,22 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
         **({"negatives": len(negatives), "negatives_by_stage": dict(Counter(n["stage"] for n in negatives)),
             "negatives_by_strategy": dict(Counter(n["rule"] for n in negatives)),
             "negatives_by_kind": dict(Counter(n["kind"] for n in negatives)), "preference_pairs": len(trl),
+            # worker time limits or crashes that did not reproduce in a fresh worker: the
+            # machine's failures, never recorded as negatives
+            "negatives_left_out_infrastructure": sum(1 for a in attempts if a["outcome"] == "infrastructure"),
             "mutants_tried": sum(1 for a in attempts if a["outcome"].startswith("mutant")),
             "mutants_passed": [{"rule": a["rule"], **a["mutant"], "source": a.get("source")}
                                for a in attempts if a["outcome"] == "mutant_passed"]}
            if negatives is not None else {}),
         "internal_errors": internal,
         "input_errors": len(failed) - internal,
+        # rules every attempt of which failed for a rule error (template, rewrite, schema):
+        # the CLI exits 1 naming them
+        "rule_errors": rule_errors,
         "entries": len(entries),
         "chat_single": len(singles),
         "chat_multi": len(multis),
+        "rl_prompts": len(rl),
         "by_strategy": dict(sorted(Counter(e["strategy"]["id"] for e in entries).items())),
         "by_category": dict(sorted(Counter(e["strategy"]["category"] for e in entries).items())),
         "by_level": dict(sorted(Counter(e["difficulty"]["level"] for e in entries).items())),
@@ -353,4 +414,4 @@ def _mean(xs) -> float:
 
 
 __all__ = ["BATCH_PROGRAMS", "DatasetError", "WorkerCrashed", "generate_dataset", "filtered_sets", "build_derived",
-           "program_batches"]
+           "program_batches", "broken_rules", "rule_hashes", "RULE_ERROR_OUTCOMES"]

@@ -132,8 +132,10 @@ def load_run(outdir: str | Path) -> RunData:
             raise ValueError(f"{out / 'run.json'}: invalid JSON ({e.msg})") from None
     pol = run.get("policy") or {}
     policy = FilterPolicy(**{k: v for k, v in pol.items() if k in FilterPolicy.__dataclass_fields__})
+    # hard negatives are not candidates; infrastructure failures (a worker killed by the machine,
+    # fine in a fresh one) say nothing about the candidate
     attempts = [a for a in read_jsonl(out / "attempts.jsonl")
-                if not str(a.get("outcome", "")).startswith("mutant")]  # hard negatives are not candidates
+                if not str(a.get("outcome", "")).startswith("mutant") and a.get("outcome") != "infrastructure"]
     data = RunData(out, list(read_jsonl(out / "dictionary.jsonl")), attempts,
                    list(read_jsonl(out / "state.jsonl")), run, policy)
     if not (out / "report.json").exists() or not (out / "chat_single.jsonl").exists():

@@ -672,22 +672,73 @@ def through_targets(prog: A.Program, k: int, expr: A.Expr, signature=frozenset()
 # ---------------------------------------------------------------------------
 
 
-def _numeric_disagree(b: sp.Expr, a: sp.Expr, symbols, trials: int = 4) -> bool:
-    """Evaluate both sides at seeded random points (50 digits): True if they differ by more
-    than 1e-6 relative at two points where both are finite (a disproof up to evaluation
-    error). Differences at the level of a rounded folded constant (1e-16) do not count."""
+#: Two values that differ by at most this much relative to the larger are taken to differ only
+#: by the float64 rounding of a folded decimal constant (``0.3333333333333333`` for ``1/3``:
+#: ``3.3e-17``); any larger difference is a disproof. A few ulps of float64, far below every
+#: verification tolerance (f32: ``1e-4``), so a perturbed constant (``1.00001/c``) cannot hide.
+FOLDED_ROUNDING = sp.Rational(1, 2**48)
+
+
+def _differs(vb, va) -> bool:
+    """True when ``vb`` and ``va`` (exact sympy numbers or 50-digit floats) differ by more than
+    :data:`FOLDED_ROUNDING` relative to the larger magnitude (absolute below ``2**-48``)."""
+    scale = max(abs(vb), abs(va), FOLDED_ROUNDING)
+    return abs(vb - va) > FOLDED_ROUNDING * scale
+
+
+def _points(symbols, trials: int):
     rng = random.Random(0)
-    hits = 0
     for _ in range(trials):
-        point = {s: sp.Rational(Fraction(rng.uniform(0.2, 1.8)).limit_denominator(1000)) for s in symbols}
+        yield {s: sp.Rational(Fraction(rng.uniform(0.2, 1.8)).limit_denominator(1000)) for s in symbols}
+
+
+def _exact_disagree(b: sp.Expr, a: sp.Expr, symbols, trials: int = 4) -> bool | None:
+    """For two *rational functions* of ``symbols`` with rational coefficients (every LEIR
+    literal is an exact rational, :func:`_number`): evaluate both exactly (sympy ``Rational``
+    arithmetic, no floating point) at seeded rational points in (0.2, 1.8). True when they
+    differ by more than :data:`FOLDED_ROUNDING` at two points, False when they agree to it at
+    every point where both are defined, None when either side is not a rational function
+    (``exp``, ``log``, ``max``... : then :func:`_numeric_disagree` decides)."""
+    if not (b.is_rational_function(*symbols) and a.is_rational_function(*symbols)):
+        return None
+    hits = 0
+    for point in _points(symbols, trials):
         try:
-            vb, va = complex(b.evalf(50, subs=point)), complex(a.evalf(50, subs=point))
+            vb, va = b.subs(point), a.subs(point)
         except (TypeError, ValueError, ZeroDivisionError):
             continue
-        if not all(math.isfinite(v) for v in (vb.real, vb.imag, va.real, va.imag)):
-            continue
-        if abs(vb - va) > 1e-6 * max(1.0, abs(vb), abs(va)):
+        if not (vb.is_Rational and va.is_Rational):
+            continue  # a pole: not a value
+        if _differs(vb, va):
             hits += 1
+    return hits >= 2
+
+
+def _numeric_disagree(b: sp.Expr, a: sp.Expr, symbols, trials: int = 4) -> bool:
+    """Evaluate both sides at seeded random rational points (50 digits): True if they differ
+    by more than :data:`FOLDED_ROUNDING` relative at two points where both are finite (a
+    disproof: the evaluation error at 50 digits is ~1e-48). A difference at the level of a
+    rounded folded constant (1e-16) does not count; a perturbed constant (1e-5) does."""
+    hits = 0
+    for point in _points(symbols, trials):
+        try:
+            vb, va = b.evalf(50, subs=point), a.evalf(50, subs=point)
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue
+        # real 50-digit numbers stay sympy numbers (exp(1800) is finite there, not in float64)
+        if not (vb.is_number and va.is_number and vb.is_finite and va.is_finite):
+            continue
+        if vb.is_real and va.is_real:
+            differ = _differs(vb, va)
+        else:
+            try:
+                cb, ca = complex(vb), complex(va)
+            except (TypeError, ValueError):
+                continue
+            if not all(math.isfinite(v) for v in (cb.real, cb.imag, ca.real, ca.imag)):
+                continue
+            differ = abs(cb - ca) > float(FOLDED_ROUNDING) * max(abs(cb), abs(ca), float(FOLDED_ROUNDING))
+        hits += bool(differ)
     return hits >= 2
 
 
@@ -696,10 +747,13 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
 
     Returns ``"proved"`` when bounded egglog equality saturation
     (:func:`steptp.engine.equiv.egglog_prove`) shows it, or else when
-    ``sympy.simplify(before - after) == 0`` (or the difference already evaluates to 0), ``"disproved"`` when a 50-digit evaluation at seeded random
-    points in (0.2, 1.8) differs by more than 1e-6 relative, else ``"unknown"`` (also when
-    the two differ only by the rounding of a folded decimal constant) (time-out, unsupported
-    construct). Bounded by ``seconds``.
+    ``sympy.simplify(before - after) == 0`` (or the difference already evaluates to 0);
+    ``"disproved"`` when, at seeded random rational points in (0.2, 1.8), the two differ by
+    more than :data:`FOLDED_ROUNDING` (``2**-48``) relative: evaluated exactly in rationals
+    when both sides are rational functions (every literal is an exact rational, so
+    ``x/c`` against ``x*(1.00001/c)`` is disproved whatever ``c``), else at 50 digits; else
+    ``"unknown"`` (the two differ only by the float64 rounding of a folded decimal constant,
+    a time-out, an unsupported construct). Bounded by ``seconds``.
 
     Opaque subterms (``if_then_else``, comparisons...) are symbols, so two *different*
     opaque subterms are not independent values: ``if_then_else(c, x, 0)`` against
@@ -729,8 +783,11 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
             one_sided = {x for x in b.free_symbols ^ a.free_symbols if str(x).startswith("@")}
             if one_sided:
                 return "unknown"
-            return "disproved" if _numeric_disagree(b, a, sorted(b.free_symbols | a.free_symbols, key=str)) \
-                else "unknown"
+            symbols = sorted(b.free_symbols | a.free_symbols, key=str)
+            exact = _exact_disagree(b, a, symbols)
+            if exact is not None:
+                return "disproved" if exact else "unknown"
+            return "disproved" if _numeric_disagree(b, a, symbols) else "unknown"
     except Exception:  # noqa: BLE001 - any failure leaves the question open
         return "unknown"
 
@@ -772,4 +829,4 @@ def symbolic_check_programs(before: A.Program, after: A.Program) -> str:
 
 __all__ = ["TIME_LIMIT_S", "MAX_NODES", "FLOAT_DTYPES", "AlgebraError", "AlgebraTimeout", "time_limit",
            "SymbolTable", "to_sympy", "from_sympy", "count_nodes", "FUNCTIONS", "SYMPY_CALLS", "atoms", "exp_factors",
-           "normal_form", "describe", "LOOK_THROUGH_DEPTH", "inline_definitions", "through_targets", "algebraic_target", "accumulation", "replace_target", "symbolic_check", "symbolic_check_programs"]
+           "normal_form", "describe", "LOOK_THROUGH_DEPTH", "inline_definitions", "through_targets", "algebraic_target", "accumulation", "replace_target", "symbolic_check", "symbolic_check_programs", "FOLDED_ROUNDING"]

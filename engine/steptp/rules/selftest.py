@@ -1,6 +1,7 @@
 """Run each rule's own tests: exact rewritten LEIR, expected no-match, CoT snippets, and
 (optionally) numeric verification of every before/after pair with
-:func:`steptp.verify.verify_pair`.
+:func:`steptp.verify.verify_pair`, in the test's dtypes and again in float64 (where a
+perturbed constant cannot hide in the f32 tolerance).
 
 Command line: ``stp rules test [FILES...] [--no-verify] [--update]`` or
 ``python -m steptp.rules.selftest [FILES...] [--no-verify] [--update]``.
@@ -115,16 +116,41 @@ def run_rule_test(rule: Rule, test: RuleTest, verify: bool = False, update: bool
     if out.ok and verify and test.verify:
         from ..verify import verify_pair
 
-        res = verify_pair(before, LeirModule(before.signature, step.after.program), trials=3, seed=0)
+        after = LeirModule(before.signature, step.after.program)
+        res = verify_pair(before, after, trials=3, seed=0)
         out.verified = bool(res.equal)
         if not res.equal:
             out.ok = False
             out.message = f"not numerically equivalent: {res.reason}"
+        else:
+            reason = _float64_refutes(before, after)
+            if reason:
+                out.verified = False
+                out.ok = False
+                out.message = f"not numerically equivalent in float64: {reason}"
     if out.ok and missing:
         out.ok = False
         out.message = f"CoT lacks {missing!r}; CoT was:\n{step.cot}"
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _float64_refutes(before: LeirModule, after: LeirModule) -> str:
+    """The test's pair again with every float tensor in float64 (:func:`steptp.verify.promoted`),
+    verified with the f64 tolerance (rtol 1e-9): a rewrite that perturbs a constant by 1e-5
+    hides inside the f32 tolerance (1e-4), never inside this one. Returns the reason when the
+    f64 pair is not Equal, '' when it is or when there is nothing to promote (integer programs,
+    or a precision rule whose two sides become the same program in f64). Source: issue 34."""
+    from ..verify import promoted, verify_pair
+
+    high_before, high_after = promoted(before), promoted(after)
+    if high_before is None or high_after is None or high_before.text() == high_after.text():
+        return ""
+    res = verify_pair(high_before, high_after, trials=3, seed=0)
+    if res.equal or not res.build:
+        # a form that does not build in f64 (an f64 intrinsic TVM lacks) decides nothing
+        return ""
+    return res.reason
 
 
 def run_rule_tests(rule: Rule, verify: bool = False) -> list[TestOutcome]:

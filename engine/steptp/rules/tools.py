@@ -20,9 +20,10 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..leir import ast as A
-from ..leir.fileformat import LeirModule, Signature, TensorDecl
+from ..leir.fileformat import LeirModule, Signature, TensorDecl, parse_leir
 
 #: The paper's 43 strategies (App. A.3), as rule ids.
 PAPER_STRATEGIES: tuple[str, ...] = (
@@ -204,6 +205,94 @@ class LintFinding:
 
     def __str__(self) -> str:
         return f"{self.level}: {self.rule}: {self.message}"
+
+
+def yaml_line(path: str | None, *keys) -> int | None:
+    """1-based line of the node at ``keys`` (mapping keys and sequence indices, e.g.
+    ``("where", 2)``) in the YAML file ``path``; None when the file or the node is missing."""
+    import yaml
+
+    if not path:
+        return None
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    for k in keys:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for kn, v in node.value if isinstance(kn, yaml.ScalarNode) and kn.value == k), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(k, int) and k < len(node.value):
+            node = node.value[k]
+        else:
+            node = None
+        if node is None:
+            return None
+    return node.start_mark.line + 1
+
+
+def _where_that_rejects(rule, module: LeirModule) -> tuple[int, int] | None:
+    """``(k, sites)``: the first ``where:`` clause ``k`` (0-based) after which ``rule`` has no
+    site on ``module`` although the clauses before it left ``sites`` > 0; None when the
+    pattern alone matches nothing (or the rule has no ``where:``)."""
+    import dataclasses
+
+    from ..engine import find_sites
+
+    before = None
+    for k in range(len(rule.where) + 1):
+        part = dataclasses.replace(rule, where=rule.where[:k], key=f"{rule.key}:where[:{k}]")
+        try:
+            n = len(find_sites(part, module))
+        except Exception:  # noqa: BLE001 - a clause that cannot be evaluated alone: stop here
+            return None
+        if n == 0:
+            return None if before is None else (k - 1, before)
+        before = n
+    return None
+
+
+def lint_tests(rules) -> list[LintFinding]:
+    """Errors a rule's own tests reveal without verifying anything (issue 34):
+
+    * the CoT template cannot render on a test the rule applies to (an undefined variable, a
+      filter error): ``FILE:LINE`` of its ``cot:`` key and the template's message; such a rule
+      would give an empty dataset;
+    * a test that expects a rewrite finds no site: the ``where:`` clause that rejected every
+      site the pattern and the clauses before it matched, with its line.
+
+    Returns the findings (level ``error``)."""
+    import jinja2
+
+    from ..engine import NoMatch, apply_rule
+
+    out: list[LintFinding] = []
+    for rule in rules:
+        src = rule.display_source
+        for t in rule.tests:
+            if t.no_match:
+                continue
+            try:
+                before = parse_leir(t.before, f"{rule.id} tests[{t.index}].before")
+                apply_rule(rule, before, seed=t.seed, site=t.site, params=t.params)
+            except jinja2.TemplateError as e:
+                line = yaml_line(rule.path, "cot")
+                out.append(LintFinding(rule.id, "error", f"{src}:{line or '?'}: cot: the template cannot render on "
+                                                         f"tests[{t.index}] ({t.name}): {type(e).__name__}: {e}"))
+                break
+            except NoMatch:
+                hit = _where_that_rejects(rule, before)
+                if hit is None:
+                    where = "the match: pattern finds no site"
+                else:
+                    k, n = hit
+                    line = yaml_line(rule.path, "where", k)
+                    where = (f"{src}:{line or '?'}: where[{k}] {rule.where[k]!r} rejects all {n} site(s) the pattern "
+                             f"and the clauses before it match")
+                out.append(LintFinding(rule.id, "error", f"tests[{t.index}] ({t.name}) expects a rewrite but the rule "
+                                                         f"does not match: {where}"))
+            except Exception:  # noqa: BLE001 - other failures are stp rules test's to report
+                continue
+    return out
 
 
 def largest_program(paths) -> LeirModule | None:

@@ -237,11 +237,55 @@ def _run_protocol(mod, device: str, args: list, number: int | None, repeat: int,
     return time_function(mod, device, args, number=number, repeat=repeat), number
 
 
+_FORM_CHECKED: "OrderedDict[tuple, str]" = OrderedDict()
+
+
+def check_performance_form(module: LeirModule, seed: int = 0, kernel=None) -> None:
+    """Check the program that is timed against the program that was verified (issue 34).
+
+    The CPU performance form (:func:`steptp.backend.perf.build_perf_cpu`: opt-level 3,
+    ``-mcpu``, polynomial ``exp``, vector splits with tails) runs once on seeded inputs
+    (trial 0 of :func:`steptp.verify.random_inputs`, the timing's own inputs) beside the
+    verification form (:func:`steptp.backend.tvmscript.lower_module` with poisoned
+    intermediates, the build ``stp verify`` runs); every output must pass the one tolerance
+    rule (:func:`steptp.runner.tolerance.compare`). ``kernel``: the performance build when the
+    caller has it. Raises :class:`~steptp.backend.errors.FormMismatch` (with both TVMScript
+    texts) on a mismatch, so no speedup is reported for a miscompiled timed form; Lowering/
+    Build/ExecError as the builds do. Cached per program text and seed."""
+    from ..backend.build import build_cpu  # noqa: PLC0415
+    from ..backend.errors import FormMismatch  # noqa: PLC0415
+    from ..backend.perf import build_perf_cpu, perf_cpu_text  # noqa: PLC0415
+    from ..backend.tvmscript import lower_module  # noqa: PLC0415
+    from .tolerance import _mismatch_detail, compare as compare_outputs  # noqa: PLC0415
+
+    key = (module.text(), int(seed))
+    with _LOCK:
+        if key in _FORM_CHECKED:
+            return
+    x = _inputs(module, seed)
+    verification_text = lower_module(module, None, "cpu", poison=True).text
+    ref = build_cpu(verification_text, module.signature)({k: v.copy() for k, v in x.items()})
+    perf = kernel if kernel is not None else build_perf_cpu(module)
+    got = perf({k: v.copy() for k, v in x.items()})
+    for t in module.signature.outputs:
+        ok, _, _ = compare_outputs(ref[t.name], got[t.name], t.dtype)
+        if not ok:
+            detail = _mismatch_detail(t.name, 0, ref[t.name], got[t.name], t.dtype)
+            raise FormMismatch(f"the CPU performance form disagrees with the verification form of program "
+                               f"'{module.signature.name}' ({detail}); its timing is not reported",
+                               verification_text, perf_cpu_text(module))
+    with _LOCK:
+        _FORM_CHECKED[key] = ""
+        while len(_FORM_CHECKED) > _CACHE_SIZE:
+            _FORM_CHECKED.popitem(last=False)
+
+
 def _measure_cpu(module: LeirModule, number, repeat, warmup, min_repeat_ms, seed, threads) -> Timing:
     from ..backend.cuda_runtime import device_args  # noqa: PLC0415
     from ..backend.perf import build_perf_cpu  # noqa: PLC0415
 
     kernel = build_perf_cpu(module)
+    check_performance_form(module, seed, kernel)
     args = device_args(_params(module), "cpu", _inputs(module, seed))
     secs, n = _run_protocol(kernel.executable.mod, "cpu", args, number, repeat, warmup, min_repeat_ms)
     return summarize(secs, n, "cpu", threads)
@@ -374,7 +418,9 @@ def compare_here(text_a: str, text_b: str, device: str, limits, rounds: int, war
             if device == "cpu":
                 from ..backend.perf import build_perf_cpu  # noqa: PLC0415
 
-                fns.append((build_perf_cpu(m).executable.mod, "main", device_args(_params(m), "cpu", inputs)))
+                kernel = build_perf_cpu(m)
+                check_performance_form(m, seed, kernel)  # the timed form computes what was verified
+                fns.append((kernel.executable.mod, "main", device_args(_params(m), "cpu", inputs)))
             else:
                 from ..backend.perf import export_cuda_cached  # noqa: PLC0415
 
@@ -397,5 +443,5 @@ def _cuda_runner():
         return _CUDA_RUNNER
 
 
-__all__ = ["Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads", "DEVICES",
+__all__ = ["check_performance_form", "Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads", "DEVICES",
            "DEFAULT_WARMUP", "DEFAULT_REPEAT", "DEFAULT_MIN_REPEAT_MS", "NOISY_CV"]

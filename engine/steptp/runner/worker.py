@@ -19,7 +19,7 @@ import signal
 import sys
 from typing import Callable
 
-from ..backend.errors import BackendError, ExecError
+from ..backend.errors import BackendError, ExecError, WorkerFailure
 
 
 class WorkerCallError(RuntimeError):
@@ -89,8 +89,8 @@ class IsolatedRunner:
     ``call(fn, *args, timeout_s=None, discard_on_error=False)`` runs a module-level
     function ``fn`` in the worker and returns its result, re-raises a
     :class:`~steptp.backend.errors.BackendError` it raised, and raises
-    :class:`~steptp.backend.errors.ExecError` when the worker exceeds the time limit (it is
-    killed) or dies (segfault...). With ``discard_on_error`` (device work: CUDA errors such
+    :class:`~steptp.backend.errors.WorkerFailure` (an ``ExecError``) when the worker exceeds
+    the time limit (it is killed) or dies (segfault...). With ``discard_on_error`` (device work: CUDA errors such
     as an illegal address are sticky, they poison the process's CUDA context) the worker is
     also discarded after an ``ExecError``. A dead, killed or discarded worker is restarted
     lazily on the next call, so one bad kernel costs one call. Arguments that do not pickle
@@ -156,20 +156,20 @@ class IsolatedRunner:
             self._send((fn, args, kwargs))
         except (BrokenPipeError, ConnectionResetError, EOFError) as e:
             self._kill()
-            raise ExecError(f"worker process unreachable: {e}") from None
+            raise WorkerFailure(f"worker process unreachable: {e}") from None
         except Exception as e:  # noqa: BLE001  (pickling: TypeError, PicklingError, AttributeError...)
             name = getattr(fn, "__qualname__", repr(fn))
             raise WorkerCallError(f"cannot send {name}(...) to the worker process: {type(e).__name__}: {e}") from None
         if not self._conn.poll(limit):
             self._kill()
-            raise ExecError(f"time limit of {limit:g} s exceeded; the worker process was killed")
+            raise WorkerFailure(f"time limit of {limit:g} s exceeded; the worker process was killed")
         try:
             status, value = self._conn.recv()
         except (EOFError, OSError):
             self._proc.join(5)
             code = self._proc.exitcode
             self._kill()
-            raise ExecError(f"worker process crashed ({signal_name(code)})") from None
+            raise WorkerFailure(f"worker process crashed ({signal_name(code)})") from None
         if status == "err":
             if discard_on_error and isinstance(value, ExecError):
                 self._kill()
