@@ -24,12 +24,15 @@ For every equation instance (its enclosing loops give the iteration count ``n``)
   innermost-loop trip (``reuse`` = innermost extent) when the innermost index does not
   occur at all (register reuse).
 * equation time = max(compute, latency, memory) (roofline), divided by the parallelism of its
-  parallel loops: ``P`` loops (CPU: up to ``cores``) and, on CUDA, ``B`` loops (threads up
-  to 1024 per block, blocks up to ``sms * 16``). On the CPU ``B`` loops are serial (the
-  backend lowers them to serial loops).
-* overheads: 5 µs per entry of a ``P`` region on the CPU (thread-pool fork/join) times the
-  trip count of the loops around it, 5 µs per nest launch on CUDA, 20 ns per loop entry of
-  an unrolled (``U``) loop saved (unrolling removes branch overhead).
+  parallel loops: ``P`` loops (up to ``cores``). ``B`` loops are serial (the backend lowers
+  them to serial loops on the CPU).
+* overheads: 5 µs per entry of a ``P`` region (thread-pool fork/join) times the trip count of
+  the loops around it, 20 ns per loop entry of an unrolled (``U``) loop saved (unrolling
+  removes branch overhead).
+
+A ``cuda`` target is estimated by the GPU model instead (:mod:`steptp.search.cost_gpu`: grid
+from ``B`` loops, occupancy, serial work and latency per thread, coalescing, one launch per
+top-level nest).
 
 Sources: roofline model (Williams, Waterman, Patterson, CACM 2009); instruction latencies
 (Agner Fog, "Instruction tables": FP add/FMA 3-4 cycles on current x86); target limits from
@@ -45,11 +48,8 @@ from dataclasses import dataclass
 
 from ..leir import ast as A
 from ..leir.analysis import index_names, self_reference_kind
-
-_OP_COST = {"+": 1, "-": 1, "*": 1, "/": 1, "//": 4, "%": 4, "**": 12}
-_CALL_COST = {"exp": 12, "log": 12, "sqrt": 6, "tanh": 14, "erf": 14, "abs": 1, "max": 1, "min": 1,
-              "if_then_else": 1}
-
+from .cost_gpu import estimate_gpu_ns
+from .opcount import _accesses, _ops  # noqa: F401  (re-exported: features.py reads them here)
 
 @dataclass(frozen=True)
 class Target:
@@ -80,25 +80,6 @@ class Target:
         return Target("cpu", cores=cores)
 
 
-def _ops(e: A.Expr) -> int:
-    n = 0
-    for x in A.walk(e):
-        if isinstance(x, A.BinOp):
-            n += _OP_COST.get(x.op, 1)
-        elif isinstance(x, A.Call):
-            n += _CALL_COST.get(x.func, 4)
-        elif isinstance(x, (A.Compare, A.BoolOp, A.Not, A.Neg)):
-            n += 1
-    return max(n, 1)
-
-
-def _accesses(eq: A.Assign):
-    yield eq.target
-    for x in A.walk(eq.value):
-        if isinstance(x, A.Tensor):
-            yield x
-
-
 def serial_chain(eq: A.Assign, loops: tuple[A.Loop, ...]) -> bool:
     """Whether consecutive iterations of the innermost loop of ``loops`` chain through the
     accumulator of ``eq``: ``eq`` accumulates (``X = X op f``,
@@ -122,13 +103,15 @@ def _footprint(eq: A.Assign, loops: tuple[A.Loop, ...]) -> int:
 
 def estimate_ns(program: A.Program, target: Target | str = "cpu") -> float:
     """Estimated run time of ``program`` in nanoseconds on ``target`` (see the module
-    docstring for the model)."""
+    docstring for the model); a ``cuda`` target is estimated by the GPU model
+    (:func:`steptp.search.cost_gpu.estimate_gpu_ns`: threads and blocks from ``B`` loops,
+    occupancy, serial work per thread, coalescing, one launch per nest)."""
     tgt = Target.for_name(target) if isinstance(target, str) else target
+    if tgt.kind == "cuda":  # the GPU model: grid, occupancy, coalescing, launches
+        return estimate_gpu_ns(program)
     total = 0.0
     for nest in program.nests:
         total += _nest_ns(nest, (), tgt)
-        if tgt.kind == "cuda":
-            total += 5000.0
     return total
 
 
@@ -188,18 +171,8 @@ def _eq_ns(eq: A.Assign, loops: tuple[A.Loop, ...], tgt: Target) -> float:
                 moved = n * b / max(inner.extent, 1)
         mem_ns += moved / (bw * scope_speed)
     par = 1
-    if tgt.kind == "cpu":
-        for lp in loops:
-            if lp.kind == "P":
-                par *= lp.extent
-        par = min(par, tgt.cores)
-    else:
-        threads = blocks = 1
-        for lp in loops:
-            if lp.kind == "B":
-                if lp.var.startswith("t"):
-                    threads *= lp.extent
-                else:
-                    blocks *= lp.extent
-        par = min(threads, 1024) * min(blocks, tgt.sms * 16)
+    for lp in loops:
+        if lp.kind == "P":
+            par *= lp.extent
+    par = min(par, tgt.cores)
     return max(compute_ns, mem_ns) / max(par, 1)

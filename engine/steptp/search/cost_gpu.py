@@ -1,0 +1,174 @@
+"""A static GPU cost model of a LEIR program: estimated run time in nanoseconds on one CUDA
+device, from the program text alone (no build, no run). ``--rank cost`` with ``--device cuda``
+(:func:`steptp.search.cost.estimate_ns` with a ``cuda`` target delegates here); it ranks
+candidates, it does not predict absolute times.
+
+Each top-level nest is one kernel launch (the backend's GPU form). For a kernel:
+
+* **grid**: threads per block ``T`` = product of the extents of its ``B`` loops bound to
+  ``threadIdx`` (variables ``t?``), blocks ``G`` = product of those bound to ``blockIdx``
+  (``b?``); every other loop runs serially inside one thread. A kernel with no ``B`` loop
+  runs on one thread.
+* **occupancy**: warps per block ``ceil(T / 32)`` (a partly filled warp costs a whole
+  one), resident blocks per SM ``min(32, 2048 // (32 * warps))``, waves
+  ``ceil(G / (SMs * resident blocks))``; ``occupancy`` = resident warps / 64.
+* **issue (throughput)**: every thread executes, per serial iteration of each equation, its
+  arithmetic (:func:`steptp.search.cost._ops`, 1 per ``+ - * /``, 12 per ``exp``...) plus one
+  instruction per memory access; warps issue at 4 warp-instructions per cycle per SM.
+* **latency**: one thread's serial chain: per iteration ``4 * ops`` cycles (dependent FP
+  latency) plus the global accesses' latency (``GLOBAL_LATENCY`` cycles) divided by the warps
+  resident on the SM that can hide it (``min(occupancy * 64, 16)``); multiplied by the waves.
+  This is what makes a reduction run serially in one thread per row slow.
+* **memory**: per access, the bytes a warp moves: coalesced (``tx`` in the last subscript:
+  one 4-byte word per lane), strided (``tx`` in another subscript: a 32-byte sector per
+  lane) or broadcast (``tx`` absent: one sector per warp); DRAM traffic is the unique
+  footprint (product of the extents of the loops the subscript uses, times the dtype size,
+  capped at what the warp traffic moves) at ``DRAM_GBS``; the rest of the warp traffic is
+  served by L2 at ``L2_GBS``; shared (``s``) accesses at ``SHARED_GBS``, local (``l``) free.
+* kernel time = ``LAUNCH_NS`` + max(issue, latency, memory) (roofline with a latency bound).
+
+Defaults describe an H100/H200-class device (132 SMs, 1.7 GHz, HBM3 about 3.3 TB/s). Sources:
+roofline (Williams et al., CACM 2009); occupancy and coalescing rules from the CUDA C
+Programming Guide (compute capability 9.0: 2048 threads, 32 blocks and 64 warps per SM, 32-byte
+sectors); launch overhead of back-to-back kernels 2-5 µs (PyTorch eager runs one per op).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..leir import ast as A
+from ..leir.analysis import index_names
+from .opcount import _accesses, _ops
+
+#: Nanoseconds per kernel launch (back-to-back launches of small kernels).
+LAUNCH_NS = 3000.0
+#: Cycles of a global memory access that a warp waits for when nothing hides it.
+GLOBAL_LATENCY = 400.0
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """The device the estimate is for: ``sms`` multiprocessors at ``freq_ghz``; per SM at most
+    ``threads_per_sm`` threads, ``blocks_per_sm`` blocks, ``warps_per_sm`` warps; memory
+    bandwidths in GB/s (= bytes per ns)."""
+
+    sms: int = 132
+    freq_ghz: float = 1.7
+    threads_per_sm: int = 2048
+    blocks_per_sm: int = 32
+    warps_per_sm: int = 64
+    dram_gbs: float = 3300.0
+    l2_gbs: float = 10000.0
+    shared_gbs: float = 30000.0
+    warp: int = 32
+
+
+@dataclass(frozen=True)
+class KernelEstimate:
+    """One kernel (top-level nest): ``threads`` per block, ``blocks``, ``waves``,
+    ``occupancy`` (resident warps / the SM's maximum), and its time split in ns."""
+
+    threads: int
+    blocks: int
+    waves: int
+    occupancy: float
+    issue_ns: float
+    latency_ns: float
+    memory_ns: float
+
+    @property
+    def ns(self) -> float:
+        return LAUNCH_NS + max(self.issue_ns, self.latency_ns, self.memory_ns)
+
+
+def _grid(loops: tuple[A.Loop, ...]) -> tuple[int, int]:
+    threads = blocks = 1
+    for lp in loops:
+        if lp.kind == "B":
+            if lp.var.startswith("t"):
+                threads *= lp.extent
+            else:
+                blocks *= lp.extent
+    return threads, blocks
+
+
+def _equations(nest: A.Nest, outer: tuple[A.Loop, ...] = ()):
+    loops = outer + nest.loops
+    for item in nest.body:
+        if isinstance(item, A.Assign):
+            yield loops, item
+        else:
+            yield from _equations(item, loops)
+
+
+def _warp_bytes(acc: A.Tensor, lane_var: str | None, tgt: GpuTarget) -> float:
+    """Bytes one warp moves for one access of ``acc`` (see the module docstring)."""
+    b = A.DTYPE_BYTES.get(acc.dtype, 4)
+    if lane_var is None or not acc.indices:
+        return 32.0  # one sector for the whole warp (broadcast)
+    if lane_var in index_names(acc.indices[-1]):
+        return float(tgt.warp * b)  # coalesced
+    if any(lane_var in index_names(i) for i in acc.indices):
+        return float(tgt.warp * 32)  # strided: a sector per lane
+    return 32.0
+
+
+def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimate:
+    """The estimate of one top-level nest launched as one kernel (module docstring)."""
+    tgt = tgt or GpuTarget()
+    threads, blocks = _grid(nest.loops)
+    for loops, _ in _equations(nest):
+        t, b = _grid(loops)
+        threads, blocks = max(threads, t), max(blocks, b)
+    warps_per_block = max(1, math.ceil(threads / tgt.warp))
+    resident = max(1, min(tgt.blocks_per_sm, tgt.threads_per_sm // (warps_per_block * tgt.warp) or 1))
+    resident_warps = min(tgt.warps_per_sm, resident * warps_per_block)
+    # a grid smaller than the device leaves SMs idle: warps per busy SM
+    busy_sms = min(tgt.sms, blocks)
+    per_sm_blocks = min(resident, math.ceil(blocks / max(busy_sms, 1)))
+    active_warps = max(1, min(tgt.warps_per_sm, per_sm_blocks * warps_per_block))
+    waves = max(1, math.ceil(blocks / (tgt.sms * resident)))
+    occupancy = active_warps / tgt.warps_per_sm
+    lane = next((lp.var for lp in nest.loops if lp.kind == "B" and lp.var.startswith("t") and lp.var[1:2] == "x"),
+                None)
+    issue_cycles = latency_cycles = 0.0
+    dram = l2 = shared = 0.0
+    for loops, eq in _equations(nest):
+        serial = math.prod(lp.extent for lp in loops if lp.kind != "B")
+        accs = list(_accesses(eq))
+        ops = _ops(eq.value)
+        g_accs = [a for a in accs if a.scope not in ("s", "l")]
+        per_iter_instr = ops + len(accs)
+        warps_total = blocks * warps_per_block
+        issue_cycles += warps_total * serial * per_iter_instr / (4.0 * busy_sms)
+        hide = max(1.0, min(active_warps, 16))
+        latency_cycles += waves * serial * (4.0 * ops + GLOBAL_LATENCY * len(g_accs) / hide)
+        warp_iters = warps_total * serial
+        for a in accs:
+            moved = warp_iters * _warp_bytes(a, lane, tgt)
+            if a.scope == "l":
+                continue
+            if a.scope == "s":
+                shared += moved
+                continue
+            used = set().union(*[index_names(i) for i in a.indices]) if a.indices else set()
+            unique = A.DTYPE_BYTES.get(a.dtype, 4) * math.prod(lp.extent for lp in loops if lp.var in used)
+            first = min(unique, moved)
+            dram += first
+            l2 += moved - first
+    memory_ns = dram / tgt.dram_gbs + l2 / tgt.l2_gbs + shared / tgt.shared_gbs
+    return KernelEstimate(threads, blocks, waves, occupancy, issue_cycles / tgt.freq_ghz,
+                          latency_cycles / tgt.freq_ghz, memory_ns)
+
+
+def estimate_gpu_ns(program: A.Program, tgt: GpuTarget | None = None) -> float:
+    """Estimated run time of ``program`` in nanoseconds on a CUDA device: the sum over its
+    top-level nests of :func:`kernel_estimate` (each a launch). Ranks candidates for
+    ``--rank cost --device cuda``."""
+    tgt = tgt or GpuTarget()
+    return sum(kernel_estimate(n, tgt).ns for n in program.nests)
+
+
+__all__ = ["GpuTarget", "KernelEstimate", "kernel_estimate", "estimate_gpu_ns", "LAUNCH_NS", "GLOBAL_LATENCY"]

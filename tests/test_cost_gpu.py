@@ -1,0 +1,57 @@
+"""The static GPU cost model (issue 37): it must rank what a GPU rewards: binding loops to
+threads and blocks, coalesced accesses, fewer launches, parallel rather than serial reductions.
+No GPU timings exist in CI, so these are orderings the CUDA programming model implies, on
+programs like the translator's output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from steptp.leir import load_leir, parse_leir
+from steptp.search.cost import estimate_ns
+from steptp.search.cost_gpu import estimate_gpu_ns, kernel_estimate
+
+HEAD = "% program: s\n% input A: f32[512,1024]\n% output C: f32[512,1024]\n"
+
+
+def est(body: str) -> float:
+    return estimate_gpu_ns(parse_leir(HEAD + body).program)
+
+
+def test_binding_loops_to_blocks_and_threads_is_faster():
+    serial = est("L^{512}_{a=0}L^{1024}_{c=0}[C^{f32,g}_{a,c}=A^{f32,g}_{a,c}*2.0;];")
+    rows = est("B^{512}_{bx=0}L^{1024}_{c=0}[C^{f32,g}_{bx,c}=A^{f32,g}_{bx,c}*2.0;];")
+    both = est("B^{512}_{bx=0}B^{1024}_{tx=0}[C^{f32,g}_{bx,tx}=A^{f32,g}_{bx,tx}*2.0;];")
+    assert serial > 100 * rows and rows > 10 * both
+
+
+def test_coalesced_access_beats_strided():
+    coalesced = est("B^{512}_{bx=0}B^{1024}_{tx=0}[C^{f32,g}_{bx,tx}=A^{f32,g}_{bx,tx}*2.0;];")
+    strided = est("B^{1024}_{bx=0}B^{512}_{tx=0}[C^{f32,g}_{tx,bx}=A^{f32,g}_{tx,bx}*2.0;];")
+    assert strided > 1.5 * coalesced
+
+
+def test_one_fused_launch_beats_two():
+    two = est("B^{512}_{bx=0}B^{1024}_{tx=0}[D^{f32,g}_{bx,tx}=A^{f32,g}_{bx,tx}*2.0;];\n"
+              "B^{512}_{bx=0}B^{1024}_{tx=0}[C^{f32,g}_{bx,tx}=D^{f32,g}_{bx,tx}+1.0;];")
+    one = est("B^{512}_{bx=0}B^{1024}_{tx=0}[C^{f32,g}_{bx,tx}=A^{f32,g}_{bx,tx}*2.0+1.0;];")
+    assert two > 1.5 * one
+
+
+def test_a_serial_reduction_per_thread_is_latency_bound():
+    """A row sum serial in one thread per row (the translator's form of a reduction) against
+    the same sum with the rows over blocks and a 32-wide split over threads: the first is
+    bound by one thread's chain of 1024 dependent adds and loads."""
+    head = "% program: r\n% input A: f32[512,1024]\n% output C: f32[512]\n"
+    serial = parse_leir(head + "B^{512}_{tx=0}L^{1024}_{a=0}[C^{f32,g}_{tx}=C^{f32,g}_{tx}+A^{f32,g}_{tx,a};];")
+    k = kernel_estimate(serial.program.nests[0])
+    assert k.latency_ns > max(k.issue_ns, k.memory_ns)
+    assert k.occupancy < 0.5  # 16 warps in one block on one SM
+
+
+def test_cuda_target_of_the_static_model_is_the_gpu_model():
+    m = load_leir(Path(__file__).resolve().parents[1] / "examples" / "softmax.leir")
+    assert estimate_ns(m.program, "cuda") == pytest.approx(estimate_gpu_ns(m.program))
+    assert estimate_ns(m.program, "cpu") != pytest.approx(estimate_ns(m.program, "cuda"))
