@@ -1,0 +1,477 @@
+"""Search in rounds through GPU packs: the builder here, the runner where the GPU is (issue 37).
+
+TVM MetaSchedule splits a tuning run into a *builder* (compile candidates where the compiler
+is) and a *runner* (measure them where the device is), in rounds. ``stp search PROGRAMS
+--device cuda --runner pack -o OUT`` does the same with the project's GPU packs:
+
+1. **Propose and verify here** (no GPU needed): from each program's frontier, every rule's
+   candidates (a seeded sample per rule, :func:`steptp.engine.list_candidates` /
+   :func:`~steptp.engine.apply_rule`) and *macro* proposals, "apply rule R at every site it
+   matches" (``loop_binding`` on every nest is neutral one step at a time and pays only when
+   every nest is bound), recorded as its individual steps, each verified. Every candidate is
+   verified against the root program on the CPU (:func:`steptp.verify.verify_pair`, with the
+   GPU preflight and CUDA code generation), deduplicated up to renaming
+   (:func:`steptp.leir.alpha.alpha_normal`) and screened by the static GPU cost model
+   (:func:`steptp.search.cost_gpu.estimate_gpu_ns`): the ``measure`` best per program go to the
+   round's pack.
+2. **Write the round** to ``OUT/rounds/<k>/``: ``dictionary.jsonl`` (one entry per candidate:
+   the root as the original, so every timing is a speedup over the root; the ``.py`` source
+   when the program came from one, so the node times PyTorch eager beside it) and ``pack/``
+   (:func:`steptp.gpu.pack.build_pack`, passed in as ``write_pack``: the search does not import
+   the GPU front end). The state is saved (``OUT/rounds/state.json``) and the command returns
+   ``waiting``: the CLI prints the node's command and exits 3.
+3. **Read the results** (``OUT/rounds/<k>/results/results.jsonl`` from ``python -m
+   steptp.gpu.run PACK -o RESULTS --time``) when the same command runs again: a candidate is a
+   sample only when it is Equal on the GPU and timed (interleaved with the root, L2 flushed);
+   the frontier keeps the ``beam`` fastest (greedy: 1) and the next round expands it.
+4. After the last round (``rounds``, or a round that improves nothing), one **re-time round**
+   measures each program's best again in a fresh pack; the reported speedup is the re-time's,
+   and only when its 95 % interval lies above 1 (else 1.0 with the reason). ``summary.json``
+   gives per program ``speedup`` (over the root), ``speedup_vs_eager`` (PyTorch eager's time
+   over the best's, a number when the node could import torch, else null with the reason) and
+   the trajectory of verified steps; ``report.md`` both.
+
+State survives between rounds and interruptions: a round is written before the command
+returns, results are read only when complete (every entry of the round's manifest has a
+line), and a rerun without new results repeats the waiting message without redoing work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..leir.fileformat import LeirModule, parse_leir
+
+#: Algorithms that work in rounds (a level of the tree per round).
+ROUND_ALGORITHMS = ("greedy", "beam")
+
+#: Rules proposed as "apply at every site" macros besides their single steps.
+MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion")
+
+
+class RoundsError(ValueError):
+    """Bad input or state for a round search (one line, the CLI's exit 2)."""
+
+
+@dataclass
+class RoundConfig:
+    """Settings of a round search: ``algorithm`` (greedy: frontier 1; beam: ``beam``),
+    ``rounds`` (search rounds before the re-time round), ``measure`` (candidates per program
+    and round sent to the GPU), ``per_rule`` (seeded sample of a rule's candidates per frontier
+    program), ``seed``, ``arch`` (the node's ``sm_XY``), ``timeout_s`` (one CPU verification,
+    seconds), ``macro_steps`` (at most this many steps in one macro proposal)."""
+
+    algorithm: str = "greedy"
+    beam: int = 2
+    rounds: int = 4
+    measure: int = 8
+    per_rule: int = 4
+    seed: int = 0
+    arch: str = "sm_90"
+    timeout_s: float = 120.0
+    macro_steps: int = 16
+
+    @property
+    def width(self) -> int:
+        return 1 if self.algorithm == "greedy" else max(1, self.beam)
+
+
+@dataclass
+class Node:
+    """A program of the frontier: ``text`` (``.leir``), the verified ``steps`` from the root
+    (``[{"rule", "site", "params"}]``), ``speedup`` over the root and its ``ci`` from the GPU
+    (1.0 for the root), ``time_us`` on the GPU (None until measured)."""
+
+    text: str
+    steps: list = field(default_factory=list)
+    speedup: float = 1.0
+    ci: list = field(default_factory=lambda: [1.0, 1.0])
+    time_us: float | None = None
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _alpha_key(module: LeirModule) -> str:
+    from ..leir.alpha import alpha_normal  # noqa: PLC0415
+
+    return repr(alpha_normal(module.program, module.signature.names))
+
+
+# --------------------------------------------------------------------------- state
+
+
+def _state_path(out: Path) -> Path:
+    return out / "rounds" / "state.json"
+
+
+def _save(out: Path, state: dict) -> None:
+    from ..dataset.writers import write_json_atomic  # noqa: PLC0415
+
+    _state_path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_state_path(out), state)
+
+
+def _load_state(out: Path, programs: list[dict], cfg: RoundConfig) -> dict:
+    p = _state_path(out)
+    recorded = {**asdict(cfg)}
+    if p.exists():
+        try:
+            state = json.loads(p.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise RoundsError(f"{p}: not a round state ({e})") from None
+        if state.get("config") != recorded or sorted(state.get("programs", {})) != sorted(x["name"] for x in programs):
+            raise RoundsError(f"{out} holds a round search with other programs or settings; use another -o")
+        return state
+    return {"format": "stp-search-rounds/1", "config": recorded, "round": 0, "phase": "search", "pending": None,
+            "programs": {x["name"]: {"root": x["text"], "source": x.get("source"), "frontier": [asdict(Node(x["text"]))],
+                                     "measured": {}, "tried": [], "samples": 0, "root_us": None, "eager": None,
+                                     "history": []}
+                         for x in programs}}
+
+
+# --------------------------------------------------------------------------- proposals
+
+
+def _verify(root: LeirModule, cand: LeirModule, cfg: RoundConfig) -> bool:
+    from ..runner.pool import shared  # noqa: PLC0415
+    from ..verify import verify_pair  # noqa: PLC0415
+
+    res = verify_pair(root, cand, seed=cfg.seed, timeout_s=cfg.timeout_s, runner=shared("verify", cfg.timeout_s))
+    return bool(res.ok)
+
+
+def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: random.Random):
+    """``(module, steps)`` candidates of one frontier node: single steps (a seeded sample of
+    ``per_rule`` per rule) and macro proposals (:data:`MACRO_RULES` applied at every site in
+    turn, each step kept only when it verifies)."""
+    from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
+
+    cur = LeirModule(root.signature, parse_leir(node.text).program)
+    for rule in rules:
+        try:
+            cands = list_candidates(rule, cur)
+        except NoMatch:
+            continue
+        except Exception:  # noqa: BLE001 - a rule that fails on this program proposes nothing
+            continue
+        picks = rng.sample(range(len(cands)), min(cfg.per_rule, len(cands)))
+        for i in picks:
+            site, params = cands[i]
+            try:
+                step = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
+            except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
+                continue
+            yield step.after, node.steps + [{"rule": rule.id, "site": str(step.site), "params": step.params}]
+        if rule.id in MACRO_RULES:
+            mod, steps = cur, list(node.steps)
+            for _ in range(cfg.macro_steps):
+                try:
+                    step = apply_rule(rule, mod, seed=rng.randrange(2**31))
+                except Exception:  # noqa: BLE001 - NoMatch: every site done
+                    break
+                after = LeirModule(root.signature, step.after.program)
+                if not _verify(root, after, cfg):
+                    break
+                mod = after
+                steps.append({"rule": rule.id, "site": str(step.site), "params": step.params})
+            if len(steps) > len(node.steps) + 1:
+                yield mod, steps
+
+
+def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: int) -> list[dict]:
+    """The candidates of one program for this round, verified and screened (module docstring)."""
+    from ..search.cost_gpu import estimate_gpu_ns  # noqa: PLC0415
+    from ..seeds import seeded_rng  # noqa: PLC0415
+
+    root = parse_leir(prog["root"])
+    rng = seeded_rng(cfg.seed, name, "rounds", str(round_no))
+    seen = set(prog["tried"])
+    scored = []
+    for n in prog["frontier"]:
+        node = Node(**n)
+        for mod, steps in _proposals(rules, node, root, cfg, rng):
+            module = LeirModule(root.signature, mod.program)
+            key = _alpha_key(module)
+            if key in seen:
+                continue
+            seen.add(key)
+            prog["tried"].append(key)
+            if not _verify(root, module, cfg):
+                continue
+            scored.append((estimate_gpu_ns(module.program), len(scored), module.text(), steps))
+    scored.sort()
+    return [{"text": t, "steps": s, "est_ns": e} for e, _, t, s in scored[: cfg.measure]]
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+def _write_round(out: Path, k: int, entries: list[dict], write_pack: Callable[[Path, Path], dict]) -> Path:
+    from ..dataset.writers import write_jsonl_atomic  # noqa: PLC0415
+
+    d = out / "rounds" / str(k)
+    d.mkdir(parents=True, exist_ok=True)
+    write_jsonl_atomic(d / "dictionary.jsonl", entries)
+    if not (d / "pack" / "manifest.json").exists():
+        if (d / "pack").exists():
+            import shutil  # noqa: PLC0415
+
+            shutil.rmtree(d / "pack")  # an interrupted pack build: start it again
+        write_pack(d, d / "pack")
+    return d
+
+
+def _entry(name: str, prog: dict, text: str, steps: list, cfg: RoundConfig, tag: str) -> dict:
+    """A dataset-format entry (what :func:`steptp.gpu.pack.collect` reads) of one candidate."""
+    from ..llm.prompts import signature_dict  # noqa: PLC0415
+    from ..leir.printer import format_program  # noqa: PLC0415
+
+    root = parse_leir(prog["root"])
+    cand = parse_leir(text)
+    return {"id": f"{name}:{tag}:{_key(text)}", "program": name, "signature": signature_dict(root),
+            "strategy": {"id": steps[-1]["rule"] if steps else ""}, "original": {"leir": format_program(root.program)},
+            "transformed": {"leir": format_program(cand.program)}, "seed": cfg.seed, "source": prog.get("source"),
+            "verification": {"equal": True}}
+
+
+def _results(d: Path) -> dict[str, dict] | None:
+    """The node's records of round directory ``d`` by entry id, or None while incomplete
+    (no results file, or fewer lines than the pack's entries)."""
+    res = d / "results" / "results.jsonl"
+    man = d / "pack" / "manifest.json"
+    if not res.exists() or not man.exists():
+        return None
+    want = {e["id"] for e in json.loads(man.read_text(encoding="utf-8")).get("entries", [])}
+    got = {}
+    for line in res.read_text(encoding="utf-8").splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # a line cut by an interruption: the node's rerun repairs it
+        got[r["id"]] = r
+    return got if want <= set(got) else None
+
+
+def _eager_us(rec: dict) -> tuple[float | None, float | None]:
+    e = rec.get("eager") or {}
+    return e.get("eager_us"), e.get("compile_us")
+
+
+def _measured(rec: dict) -> dict:
+    """What a node record says of one candidate: ``equal`` on the GPU, timing fields."""
+    tr, orig = rec.get("transformed") or {}, rec.get("original") or {}
+    t = rec.get("timing") or {}
+    ok = bool(tr.get("exec") and tr.get("equal") and orig.get("equal") and "speedup" in t)
+    return {"equal": ok, "reason": tr.get("reason") or orig.get("reason") or t.get("error", ""),
+            "speedup": t.get("speedup"), "ci": t.get("ci"), "verdict": t.get("verdict"),
+            "original_us": t.get("original_us"), "transformed_us": t.get("transformed_us"), "device": t.get("device")}
+
+
+def _consume(state: dict, d: Path, records: dict[str, dict], cfg: RoundConfig) -> None:
+    """Update every program's samples and frontier from a search round's records."""
+    pending = state["pending"]
+    for name, cands in pending["candidates"].items():
+        prog = state["programs"][name]
+        nodes = [Node(**n) for n in prog["frontier"]]
+        improved = False
+        for c in cands:
+            rec = records.get(c["id"])
+            if rec is None:
+                continue
+            m = _measured(rec)
+            eager, comp = _eager_us(rec)
+            if eager is not None:
+                prog["eager"] = {"eager_us": eager, "compile_us": comp}
+            if m["original_us"] is not None:
+                prog["root_us"] = m["original_us"] if prog["root_us"] is None else min(prog["root_us"], m["original_us"])
+            prog["measured"][c["id"]] = {**m, "steps": c["steps"], "est_ns": c["est_ns"]}
+            if not m["equal"]:
+                continue
+            prog["samples"] += 1
+            node = Node(c["text"], c["steps"], float(m["speedup"]), list(m["ci"] or [m["speedup"]] * 2),
+                        m["transformed_us"])
+            if node.speedup > max(n.speedup for n in nodes):
+                improved = True
+            nodes.append(node)
+        nodes.sort(key=lambda n: -n.speedup)
+        prog["frontier"] = [asdict(n) for n in nodes[: cfg.width]]
+        prog["history"].append({"round": pending["round"], "measured": len(cands),
+                                "best_speedup": prog["frontier"][0]["speedup"], "improved": improved})
+
+
+def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: RoundConfig) -> list[dict]:
+    """``summary.json`` per program (in ``OUT/<program>/``), the combined ``summary.json`` and
+    ``report.md`` from the re-time round's records."""
+    from ..dataset.writers import write_json_atomic  # noqa: PLC0415
+
+    summaries = []
+    retime = (state.get("pending") or {}).get("retime", {})
+    for name, prog in state["programs"].items():
+        best = Node(**prog["frontier"][0])
+        sm = {"program": name, "algorithm": cfg.algorithm, "runner": "pack", "device": "cuda",
+              "rounds": len(prog["history"]), "samples": prog["samples"], "strategies": sorted(
+                  {s["rule"] for s in best.steps}), "trajectory": best.steps, "speedup": 1.0, "speedup_ci": None,
+              "speedup_vs_eager": None, "eager_reason": "", "root_us": prog["root_us"], "best_us": None,
+              "eager_us": None, "compile_us": None, "retimed": False, "reason": ""}
+        rid = retime.get(name)
+        rec = (records or {}).get(rid) if rid else None
+        if rec is not None:
+            m = _measured(rec)
+            sm["retimed"] = True
+            sm["root_us"] = m["original_us"]
+            eager, comp = _eager_us(rec)
+            sm["eager_us"], sm["compile_us"] = eager, comp
+            if m["equal"] and m["ci"] and m["ci"][0] > 1.0:
+                sm.update(speedup=float(m["speedup"]), speedup_ci=m["ci"], best_us=m["transformed_us"])
+            else:
+                sm["reason"] = ("the re-time did not reproduce a speedup (interval "
+                                f"{m['ci']})" if m["equal"] else f"not Equal on the GPU at the re-time: {m['reason']}")
+                sm["trajectory"], sm["strategies"] = [], []
+                best = Node(prog["root"])
+        elif best.steps:
+            sm["reason"] = "no re-time result: the best is not reported"
+            sm["trajectory"], sm["strategies"] = [], []
+            best = Node(prog["root"])
+        us = sm["best_us"] if sm["best_us"] is not None else sm["root_us"]
+        if sm["eager_us"] is not None and us:
+            sm["speedup_vs_eager"] = float(sm["eager_us"]) / float(us)
+        else:
+            sm["eager_reason"] = ("the node did not time PyTorch eager (no torch there, or the program is not from a "
+                                  ".py file)")
+        sm["efficiency"] = sm["speedup"] / max(1, sm["samples"])
+        d = out / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "best.leir").write_text(best.text)
+        write_json_atomic(d / "summary.json", sm)
+        summaries.append(sm)
+    write_json_atomic(out / "summary.json", {"programs": summaries, **_aggregate(summaries)})
+    (out / "report.md").write_text(report_md(summaries))
+    return summaries
+
+
+def _geo(xs) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _aggregate(summaries: list[dict]) -> dict:
+    sp = sorted(s["speedup"] for s in summaries)
+    eager = [s["speedup_vs_eager"] for s in summaries if s["speedup_vs_eager"] is not None]
+    return {"median_speedup": sp[len(sp) // 2] if sp else None, "geomean_speedup": _geo(sp),
+            "geomean_vs_eager": _geo(eager), "faster_than_eager": sum(1 for x in eager if x > 1.0),
+            "with_eager": len(eager)}
+
+
+def report_md(summaries: list[dict]) -> str:
+    """The round search's ``report.md``: per program the speedup over the root (re-timed, its
+    interval), the best's and PyTorch eager's times and their ratio, samples and rounds."""
+    agg = _aggregate(summaries)
+
+    def f(x, fmt="{:.2f}"):
+        return "n/a" if x is None else fmt.format(x)
+
+    lines = ["# GPU search through packs", "",
+             f"{len(summaries)} programs; median speedup over the original {f(agg['median_speedup'])}x, geometric "
+             f"mean {f(agg['geomean_speedup'])}x; vs PyTorch eager: geometric mean {f(agg['geomean_vs_eager'])}x, "
+             f"{agg['faster_than_eager']} of {agg['with_eager']} faster than eager.", "",
+             "| program | speedup | 95% CI | original µs | best µs | eager µs | vs eager | samples | rounds | steps |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        ci = f"[{s['speedup_ci'][0]:.2f}, {s['speedup_ci'][1]:.2f}]" if s["speedup_ci"] else ""
+        lines.append(f"| {s['program']} | {s['speedup']:.2f}x | {ci} | {f(s['root_us'], '{:.1f}')} | "
+                     f"{f(s['best_us'], '{:.1f}')} | {f(s['eager_us'], '{:.1f}')} | {f(s['speedup_vs_eager'])} | "
+                     f"{s['samples']} | {s['rounds']} | {len(s['trajectory'])} |")
+    notes = [f"- {s['program']}: {s['reason']}" for s in summaries if s["reason"]]
+    if notes:
+        lines += ["", "Not reported:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules,
+                  write_pack: Callable[[Path, Path], dict], progress: Callable[[str], None] | None = None) -> dict:
+    """Advance the round search in ``out`` as far as it can go without the GPU node (module
+    docstring). ``programs``: ``[{"name", "text" (.leir), "source" (.py path or None)}]``;
+    ``rules``: loaded rules; ``write_pack(round_dir, pack_dir)`` builds the pack of a round
+    directory's ``dictionary.jsonl``. Returns ``{"status": "waiting", "round", "pack",
+    "results"}`` when the node must run a pack, or ``{"status": "done", "summaries"}``. Raises
+    :class:`RoundsError` for another search's state in ``out``."""
+    say = progress or (lambda msg: None)
+    if cfg.algorithm not in ROUND_ALGORITHMS:
+        raise RoundsError(f"--runner pack works in rounds with --algorithm {' or '.join(ROUND_ALGORITHMS)}, not "
+                          f"{cfg.algorithm}")
+    out = Path(out)
+    state = _load_state(out, programs, cfg)
+    while True:
+        pending = state.get("pending")
+        if pending is not None:
+            d = out / "rounds" / str(pending["round"])
+            records = _results(d)
+            if records is None:
+                _save(out, state)
+                return {"status": "waiting", "round": pending["round"], "pack": str(d / "pack"),
+                        "results": str(d / "results")}
+            if state["phase"] == "retime":
+                summaries = _finalize(state, records, out, cfg)
+                state["phase"], state["pending"] = "done", None
+                _save(out, state)
+                return {"status": "done", "summaries": summaries}
+            _consume(state, d, records, cfg)
+            state["round"] += 1
+            state["pending"] = None
+            _save(out, state)
+            continue
+        if state["phase"] == "done":
+            return {"status": "done", "summaries": [json.loads((out / n / "summary.json").read_text())
+                                                    for n in state["programs"]]}
+        last = [p["history"][-1] for p in state["programs"].values() if p["history"]]
+        stalled = bool(last) and not any(h["improved"] for h in last)
+        k = state["round"]
+        if k >= cfg.rounds or stalled:
+            # the re-time round: each program's best again, in a fresh pack
+            entries, retime = [], {}
+            for name, prog in state["programs"].items():
+                best = Node(**prog["frontier"][0])
+                if best.steps:
+                    e = _entry(name, prog, best.text, best.steps, cfg, "retime")
+                    entries.append(e)
+                    retime[name] = e["id"]
+            state["phase"] = "retime"
+            if not entries:
+                summaries = _finalize(state, None, out, cfg)
+                state["phase"] = "done"
+                _save(out, state)
+                return {"status": "done", "summaries": summaries}
+            say(f"round {k}: re-timing {len(entries)} best program(s)")
+            d = _write_round(out, k, entries, write_pack)
+            state["pending"] = {"round": k, "retime": retime, "candidates": {}}
+            _save(out, state)
+            continue
+        entries, cands = [], {}
+        t0 = time.perf_counter()
+        for name, prog in state["programs"].items():
+            picked = _round_candidates(name, prog, rules, cfg, k)
+            cands[name] = []
+            for c in picked:
+                e = _entry(name, prog, c["text"], c["steps"], cfg, f"r{k}")
+                entries.append(e)
+                cands[name].append({"id": e["id"], **c})
+        say(f"round {k}: {len(entries)} candidate(s) verified and screened in {time.perf_counter() - t0:.1f} s")
+        if not entries:
+            state["round"] = cfg.rounds  # nothing left to measure: re-time what there is
+            _save(out, state)
+            continue
+        d = _write_round(out, k, entries, write_pack)
+        state["pending"] = {"round": k, "candidates": cands}
+        _save(out, state)
+
+
+__all__ = ["ROUND_ALGORITHMS", "MACRO_RULES", "RoundConfig", "RoundsError", "Node", "search_rounds", "report_md"]
