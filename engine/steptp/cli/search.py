@@ -73,7 +73,14 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
            export_chat: Optional[Path] = typer.Option(None, "--export-chat",
                                                       help="Also write each best trajectory as a multi-step chat "
                                                            "record (ms-swift {\"messages\": [...]}) to this JSONL."),
-           quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars.")):
+           quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars."),
+           runner: str = typer.Option("local", "--runner",
+                                      help="local: measure on this machine's --device; pack (with --device cuda): "
+                                           "search in rounds, each round's candidates written as a GPU pack to "
+                                           "OUT/rounds/<k>/pack for python -m steptp.gpu.run on a GPU node (exit 3 "
+                                           "while waiting; rerun the same command with the results in place). "
+                                           "Greedy and beam only."),
+           arch: str = typer.Option("sm_90", "--arch", help="--runner pack: the GPU node's architecture (sm_XY).")):
     """Search for a faster equivalent program: every candidate is verified against the root
     (3 seeded random + 2 ordered trials) and only Equal ones are timed (samples).
 
@@ -83,7 +90,26 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     OUT/run_summary.json (failed programs: internal_errors apart from input_errors). Exit 0
     when the searches ran (a search without any speedup included), 1 when the endpoint is
     unreachable or every program failed with an internal error, 2 for bad input or an
-    unavailable --device."""
+    unavailable --device.
+
+    With --runner pack (--device cuda; no GPU needed here): rounds of greedy or beam search,
+    -n rounds (4), --beam-k frontier (2), --measure candidates per program and round (8); each
+    round is verified on this CPU, screened by the GPU cost model and written as a pack; exit 3
+    while waiting for the node's results, then the summary with speedup over the original and
+    vs PyTorch eager, every figure from a final re-time round."""
+    if runner not in ("local", "pack"):
+        fail(f"--runner {runner}: expected local or pack")
+    if runner == "pack":
+        if device != "cuda":
+            fail("--runner pack measures on a GPU node: use it with --device cuda")
+        if policy != "engine":
+            fail("--runner pack: only --policy engine proposes in rounds")
+        from .search_rounds import run_pack_search
+
+        run_pack_search(programs, out, algorithm=algorithm, rounds=iterations or 4, beam=beam_k or 2,
+                        measure=measure or 8, per_rule=min(per_rule, 4), seed=seed, arch=arch, timeout_s=timeout,
+                        quiet=quiet)
+        return
     from ..search import ALGORITHMS, POLICIES, SearchConfig, SearchInputError, TargetUnavailable
     from ..search.run import export_chat as do_export
     from ..search.run import search_many
