@@ -142,10 +142,9 @@ def _load_state(out: Path, programs: list[dict], cfg: RoundConfig) -> dict:
 
 
 def _verify(root: LeirModule, cand: LeirModule, cfg: RoundConfig) -> bool:
-    from ..runner.pool import shared  # noqa: PLC0415
-    from ..verify import verify_pair  # noqa: PLC0415
+    from ..verify import default_runner, verify_pair  # noqa: PLC0415
 
-    res = verify_pair(root, cand, seed=cfg.seed, timeout_s=cfg.timeout_s, runner=shared("verify", cfg.timeout_s))
+    res = verify_pair(root, cand, seed=cfg.seed, timeout_s=cfg.timeout_s, runner=default_runner())
     return bool(res.ok)
 
 
@@ -190,7 +189,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
 def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: int) -> list[dict]:
     """The candidates of one program for this round, verified and screened (module docstring)."""
     from ..search.cost_gpu import estimate_gpu_ns  # noqa: PLC0415
-    from ..seeds import seeded_rng  # noqa: PLC0415
+    from ..engine.service import seeded_rng  # noqa: PLC0415
 
     root = parse_leir(prog["root"])
     rng = seeded_rng(cfg.seed, name, "rounds", str(round_no))
@@ -264,6 +263,16 @@ def _results(d: Path) -> dict[str, dict] | None:
 def _eager_us(rec: dict) -> tuple[float | None, float | None]:
     e = rec.get("eager") or {}
     return e.get("eager_us"), e.get("compile_us")
+
+
+def _vs_eager(rec: dict, speedup: float) -> float | None:
+    """PyTorch eager's time over the best program's: eager was timed interleaved with the
+    root (``eager.original_us``), the best interleaved with the root (``speedup`` = root/best),
+    so ``eager/best = eager/root * root/best`` compares interleaved ratios only."""
+    e = rec.get("eager") or {}
+    if e.get("eager_us") is None or not e.get("original_us"):
+        return None
+    return float(e["eager_us"]) / float(e["original_us"]) * float(speedup)
 
 
 def _measured(rec: dict) -> dict:
@@ -341,9 +350,12 @@ def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: Roun
             sm["reason"] = "no re-time result: the best is not reported"
             sm["trajectory"], sm["strategies"] = [], []
             best = Node(prog["root"])
-        us = sm["best_us"] if sm["best_us"] is not None else sm["root_us"]
-        if sm["eager_us"] is not None and us:
-            sm["speedup_vs_eager"] = float(sm["eager_us"]) / float(us)
+        vs = _vs_eager(rec, sm["speedup"]) if rec is not None else None
+        if vs is None and prog.get("eager") and prog["eager"].get("eager_us") and prog["root_us"]:
+            sm["eager_us"] = prog["eager"]["eager_us"]  # no re-time (nothing beat the root): the root's round
+            vs = float(sm["eager_us"]) / float(prog["root_us"])
+        if vs is not None:
+            sm["speedup_vs_eager"] = vs
         else:
             sm["eager_reason"] = ("the node did not time PyTorch eager (no torch there, or the program is not from a "
                                   ".py file)")
