@@ -74,6 +74,9 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                                       help="Also write each best trajectory as a multi-step chat "
                                                            "record (ms-swift {\"messages\": [...]}) to this JSONL."),
            quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars."),
+           time_limit: Optional[float] = typer.Option(None, "--time-limit", min=1.0,
+                                                      help="Seconds per program: the search stops at its next "
+                                                           "check and writes what it has (summary.json 'stopped')."),
            runner: str = typer.Option("local", "--runner",
                                       help="local: measure on this machine's --device; pack (with --device cuda): "
                                            "search in rounds, each round's candidates written as a GPU pack to "
@@ -161,7 +164,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     cfg = SearchConfig(algorithm=algorithm, policy=policy, rank=rank, device=device, seed=seed, iterations=iterations,
                        overrides={k: v for k, v in overrides.items() if v is not None}, per_rule=per_rule,
                        timeout_s=timeout, max_samples=max_samples, temperature=temperature, max_tokens=max_tokens,
-                       replay=str(replay) if replay else None, progress=not quiet)
+                       replay=str(replay) if replay else None, progress=not quiet, time_limit_s=time_limit)
     errors: list[str] = []
     info: dict = {}
     try:
@@ -179,6 +182,9 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         fail(f"search failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}", 1)
     for m in errors:
         typer.echo(f"skipped: {m}", err=True)
+    if info.get("stopped"):
+        typer.echo(f"stopped ({info['stopped']}): partial summaries written; rerun the same command to resume",
+                   err=True)
     for sm in sms:
         eager = sm.get("speedup_vs_eager")
         extra = "" if eager is None or not math.isfinite(eager) else f"  vs eager {eager:.2f}x"
@@ -189,3 +195,5 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         n = do_export(out, export_chat)
         typer.echo(f"wrote {n} chat record(s) to {export_chat}", err=True)
     internal_errors_exit(info.get("internal_errors", 0), info.get("programs", 0), Path(out) / "run_summary.json")
+    if info.get("stopped"):
+        raise typer.Exit(1)

@@ -124,14 +124,18 @@ class Search:
     forbids reverting to the parent; we reject any ancestor); same text as any other node
     already seen -> ``duplicate`` (not verified again, not a sample); otherwise the
     evaluator verifies it against the root and times it (``equal`` nodes are samples).
-    ``max_samples`` (optional) stops the search once reached (:attr:`exhausted`).
+    ``max_samples`` (optional) stops the search once reached, ``deadline`` (a
+    ``time.monotonic()`` value) when passed (:attr:`exhausted`, :attr:`stop_reason`).
     ``scorer`` (optional) predicts proposals' speedups (:meth:`score`) and is told every
     sample (``observe``); algorithms that screen (``evolutionary``) call :meth:`propose`,
     :meth:`score` and :meth:`add` themselves.
     """
 
     def __init__(self, root: LeirModule, policy: Policy, evaluator: Evaluator, *, max_samples: int | None = None,
-                 progress=None, timer: Timer | None = None, scorer: Scorer | None = None):
+                 progress=None, timer: Timer | None = None, scorer: Scorer | None = None,
+                 deadline: float | None = None):
+        self.deadline = deadline  # time.monotonic() after which the search stops (a time limit)
+        self.stop_reason = ""     # why it stopped early ('' while running or when it finished)
         self.policy = policy
         self.evaluator = evaluator
         self.scorer = scorer
@@ -155,7 +159,16 @@ class Search:
 
     @property
     def exhausted(self) -> bool:
-        return self.max_samples is not None and self.samples >= self.max_samples
+        """True once ``max_samples`` samples exist, the ``deadline`` has passed or
+        :meth:`request_stop` was called: algorithms stop at their next check and the caller
+        writes what the search has (a partial summary is a summary)."""
+        if self.deadline is not None and not self.stop_reason and time.monotonic() >= self.deadline:
+            self.stop_reason = "time limit"
+        return bool(self.stop_reason) or (self.max_samples is not None and self.samples >= self.max_samples)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the algorithm's next check (a signal handler calls it: SIGTERM)."""
+        self.stop_reason = self.stop_reason or reason
 
     def path(self, node: Node) -> list[Node]:
         """Root ... node (inclusive)."""

@@ -44,6 +44,10 @@ from .core import Node, Search, Timer
 
 POLICIES = ("engine", "llm", "replay")
 
+#: ``stopped`` reasons of a search cut short by a signal (not by its own time limit): its
+#: summary is kept as a partial one, the run stops there, and a rerun searches it again.
+SIGNALLED = ("interrupted", "SIGTERM")
+
 
 class SearchInputError(ValueError):
     """A bad program, replay file or option (the CLI exits 2 with this message)."""
@@ -71,6 +75,7 @@ class SearchConfig:
     replay: str | None = None
     progress: bool = True
     confirm_repeat: int = 10
+    time_limit_s: float | None = None  # per program: stop and write what the search has
     screen: int = 32  # --rank model with the paper's seven: candidates screened per node by the model
 
     @property
@@ -306,18 +311,31 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     scorer = make_scorer(cfg)
     policy = make_policy(cfg, root, client, rules, scorer)
     bar = tqdm(desc=f"{name} {cfg.algorithm}", unit="sample", disable=not cfg.progress, leave=False)
-    s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar, scorer=scorer)
+    deadline = time.monotonic() + cfg.time_limit_s if cfg.time_limit_s else None
+    s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar, scorer=scorer, deadline=deadline)
+    restore = _stop_on_sigterm(s)
     try:
         params = cfg.algorithm_params()
         run_algorithm(cfg.algorithm, s, **params)
+    except KeyboardInterrupt:
+        s.request_stop("interrupted (SIGINT)")  # keep what the search has: the summary below
     finally:
+        restore()
         bar.close()
         close = getattr(policy, "close", None)
         if close is not None:
             close()
     summary = summarize(s, cfg, name, source, time.perf_counter() - t_start)
     summary["speedup_best_sample"] = summary["speedup"]
-    if s.best.id != 0 and timer is None and cfg.confirm_repeat:
+    if s.stop_reason:
+        summary["stopped"] = s.stop_reason
+    signalled = s.stop_reason.startswith(SIGNALLED)
+    if signalled and s.best.id != 0:
+        # no time to re-time after a signal: the best sample is kept, never reported as a speedup
+        summary["speedup"] = 1.0
+        summary["best"]["speedup"] = 1.0
+        summary["unconfirmed_best"] = summary["speedup_best_sample"]
+    elif s.best.id != 0 and timer is None and cfg.confirm_repeat:
         summary["confirmed"] = c = confirm(root, s.best.module, cfg.device, cfg.confirm_repeat)
         # the headline is the re-time, and only an improvement that the interval supports
         summary["speedup"] = c["speedup"] if c.get("verdict") == "faster" else 1.0
@@ -347,6 +365,20 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     _write_atomic(out / "tree.jsonl", "".join(json.dumps(n.record()) + "\n" for n in s.nodes))
     _write_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _stop_on_sigterm(s: Search):
+    """While the search runs, SIGTERM (a job queue's time limit, ``timeout``) asks it to stop
+    at its next check instead of killing the process, so its summary is written; returns the
+    function that restores the previous handler. A no-op outside the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: s.request_stop("SIGTERM"))
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def confirm(root: LeirModule, best: LeirModule, device: str = "cpu", repeat: int = 10) -> dict:
@@ -380,7 +412,10 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
     """Search every program of ``inputs`` (see :func:`collect_programs`); each one's files
     go to ``OUTDIR/<program stem>/`` (or ``OUTDIR`` itself when there is one program file
     and ``single_dir`` is not False). Programs whose ``summary.json`` exists are skipped
-    (resume). Writes ``OUTDIR/report.md`` and ``OUTDIR/run_summary.json``
+    (resume), except one cut short by a signal. A search stopped by its time limit
+    (``cfg.time_limit_s``) or a signal (SIGINT, SIGTERM) still writes its summary
+    (``stopped``: the reason; after a signal its best sample is kept unconfirmed and the run
+    stops, ``run_summary.json`` saying so). Writes ``OUTDIR/report.md`` and ``OUTDIR/run_summary.json``
     (:func:`run_summary`). ``on_error(path, message)`` is called for a program that fails
     (default: raise); a single program that is bad input (:class:`SearchInputError`) and an
     unavailable device (:class:`TargetUnavailable`) raise anyway. ``run_info``: a dict to
@@ -397,6 +432,7 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
     rules = load_rules()
     summaries = []
     failed: list[dict] = []
+    stopped = ""
     names = _unique_names(paths)
     for path, nm in tqdm(list(zip(paths, names)), desc="programs", unit="program",
                          disable=not cfg.progress or len(paths) == 1):
@@ -404,12 +440,18 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
         done = d / "summary.json"
         if done.exists():
             try:
-                summaries.append(json.loads(done.read_text(encoding="utf-8")))
-                continue
+                prev = json.loads(done.read_text(encoding="utf-8"))
+                if not str(prev.get("stopped", "")).startswith(SIGNALLED):
+                    summaries.append(prev)
+                    continue
             except (OSError, json.JSONDecodeError):
-                pass  # an unreadable summary: search again
+                pass  # an unreadable summary, or one cut short by a signal: search again
         try:
-            summaries.append(search_program(path, d, cfg, client=client, rules=rules))
+            sm = search_program(path, d, cfg, client=client, rules=rules)
+            summaries.append(sm)
+            if str(sm.get("stopped", "")).startswith(SIGNALLED):
+                stopped = sm["stopped"]
+                break  # a signal stops the run, not only this program: report what there is
         except TargetUnavailable:
             raise  # the machine, not the program: every other program would fail the same way
         except Exception as e:  # noqa: BLE001 - one program's failure must not stop the others
@@ -420,6 +462,8 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
             failed.append({"program": str(path), "error": msg, "internal": not bad_input})
             on_error(path, msg)
     info = run_summary(len(paths), len(summaries), failed)
+    if stopped:
+        info["stopped"] = stopped
     write_report(out, info)
     _write_atomic(out / "run_summary.json", json.dumps(info, indent=1) + "\n")
     if run_info is not None:
@@ -542,6 +586,9 @@ def write_report(outdir: str | Path, run_info: dict | None = None) -> Path:
              "| max speedup | efficiency | avg # strategies | max # strategies | avg re-timed speedup | avg speedup vs eager "
              "| wall s |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if run_info and run_info.get("stopped"):
+        lines[4:4] = [f"The run was stopped ({run_info['stopped']}): the summaries are partial; rerun the same "
+                      "command to resume.", ""]
     if run_info and run_info.get("failed"):
         lines[4:4] = [f"{len(run_info['failed'])} of {run_info['programs']} program(s) failed: "
                       f"{run_info['internal_errors']} with an internal error, {run_info['input_errors']} bad input "
