@@ -16,7 +16,8 @@ from steptp.cli import app
 from steptp.leir import LeirModule, load_leir, parse_program
 from steptp.search import SearchConfig, search_program
 from steptp.search import costmodel as C
-from steptp.search.core import Evaluation, Proposal, Search
+from steptp.policy import Proposal
+from steptp.search.core import Evaluation, Search
 from steptp.search.cost import estimate_ns
 from steptp.search.features import FEATURE_NAMES, program_features
 

@@ -109,7 +109,7 @@ def test_engine_policy_rule_pick_draws_per_sample(softmax, rules):
 
 
 def test_eval_engine_baseline_goes_through_the_adapter(softmax, rules):
-    from steptp.eval.policies import EnginePolicy as EvalEngine
+    from steptp.eval.policies import EngineAnswers as EvalEngine
 
     ev = EvalEngine(seed=0, rules=rules)
     case = _Case(softmax)

@@ -277,15 +277,12 @@ class EnginePolicy:
         if self.rank == "cost":
             ranked = self._ranked.get(key)
             if ranked is None:
-                from .search.cost import estimate_ns
+                from .search.cost import static_scores
 
-                scored = []
-                for i in order:  # seeded order breaks ties between equal costs
-                    p = self._apply(module, *cands[i], self.seed)
-                    if p is not None:
-                        scored.append((estimate_ns(p.module.program, self.target), len(scored), p))
-                scored.sort(key=lambda x: (x[0], x[1]))
-                ranked = self._ranked[key] = [p for _, _, p in scored]
+                props = [p for p in (self._apply(module, *cands[i], self.seed) for i in order) if p is not None]
+                scores = static_scores(module.program, [p.module.program for p in props], self.target)
+                # highest predicted speedup (lowest estimate) first; the seeded order breaks ties
+                ranked = self._ranked[key] = [props[j] for j in sorted(range(len(props)), key=lambda j: (-scores[j], j))]
             out, ranked[:] = ranked[:k], ranked[k:]
             return out
         out = []

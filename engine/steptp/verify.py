@@ -51,6 +51,7 @@ from .backend.errors import BackendError, BuildError, ExecError, LoweringError
 from .backend.hardware import DEFAULT_GPU, GpuLimits
 from .backend.preflight import preflight
 from .backend.tvmscript import lower_module, tvm_dtype
+from .runner.device import DEVICES
 from .runner.inputs import TensorSpec, ordered_arrays, random_arrays
 from .leir import ast as A
 from .leir.analysis import analyze, equation_instances, interval, tensor_refs, LeirSemanticError
@@ -312,10 +313,6 @@ def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig
     if runner is None:
         return run_lowered(cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch)
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
-
-
-#: Devices :func:`verify_pair` runs the transformed program on.
-DEVICES = ("cpu", "cuda")
 
 
 def verify_device(device: str | None = None) -> str:
@@ -714,6 +711,6 @@ def clear_reference_cache() -> None:
 
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
-           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs",
+           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "ordered_inputs",
            "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",
            "ARBITER_FACTOR"]

@@ -46,7 +46,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
 
     Exit 0 when the run completes (whatever the scores), 1 when the endpoint is unreachable or
     every case failed with an internal error (summary.json: internal_errors), 2 for bad input."""
-    from ..eval import AnswersFilePolicy, EndpointPolicy, EnginePolicy, EvalError, EvalOptions, IdentityPolicy, evaluate
+    from ..eval import AnswersFilePolicy, EndpointPolicy, EngineAnswers, EvalError, EvalOptions, IdentityPolicy, evaluate
     from ..llm import ChatClient, EndpointError
 
     from ..runner.device import device_problem
@@ -66,7 +66,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
         elif answers is not None:
             pol = AnswersFilePolicy(answers)
         elif policy == "engine":
-            pol = EnginePolicy(seed=seed)
+            pol = EngineAnswers(seed=seed)
         elif policy == "identity":
             pol = IdentityPolicy()
         else:

@@ -38,7 +38,7 @@ from pathlib import Path
 from ..leir.printer import format_program
 from .metrics import STAGES, mean_pass_at_k
 from ..faults import INTERNAL_ERROR
-from .policies import Answer, Case, Policy
+from .policies import Answer, AnswerSource, Case
 
 
 class EvalError(RuntimeError):
@@ -219,7 +219,7 @@ class _Scorer:
         return rec
 
 
-def evaluate(inputs: list[str], outdir: str | Path, policy: Policy, opts: EvalOptions | None = None) -> dict:
+def evaluate(inputs: list[str], outdir: str | Path, policy: AnswerSource, opts: EvalOptions | None = None) -> dict:
     """Evaluate ``policy`` on the programs of ``inputs``; writes ``outdir`` (see the module
     docstring) and returns the summary dict (:func:`summarise`).
 
@@ -270,7 +270,7 @@ def evaluate(inputs: list[str], outdir: str | Path, policy: Policy, opts: EvalOp
     return summary
 
 
-def _ask(policy: Policy, case: Case, missing: list[int]) -> list[tuple[int, Answer]]:
+def _ask(policy: AnswerSource, case: Case, missing: list[int]) -> list[tuple[int, Answer]]:
     """Answers for the missing samples (consecutive runs asked together)."""
     answers: list[tuple[int, Answer]] = []
     n = len(missing)
@@ -281,7 +281,7 @@ def _ask(policy: Policy, case: Case, missing: list[int]) -> list[tuple[int, Answ
     return answers
 
 
-def _run(todo, policy: Policy, scorer: _Scorer, appender, opts: EvalOptions) -> None:
+def _run(todo, policy: AnswerSource, scorer: _Scorer, appender, opts: EvalOptions) -> None:
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="eval", unit="case", disable=not opts.progress, dynamic_ncols=True)

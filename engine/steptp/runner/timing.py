@@ -52,8 +52,8 @@ from typing import Sequence
 import numpy as np
 
 from ..leir.fileformat import LeirModule
+from .device import DEVICES
 
-DEVICES = ("cpu", "cuda")
 #: Calls made before anything is measured (paper App. C.2: three warm-up runs).
 DEFAULT_WARMUP = 3
 #: Measurements per program (the paper uses 3; 10 gives a meaningful IQR / CV).
@@ -397,5 +397,5 @@ def _cuda_runner():
         return _CUDA_RUNNER
 
 
-__all__ = ["Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads", "DEVICES",
+__all__ = ["Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads",
            "DEFAULT_WARMUP", "DEFAULT_REPEAT", "DEFAULT_MIN_REPEAT_MS", "NOISY_CV"]

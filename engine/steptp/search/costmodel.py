@@ -409,14 +409,14 @@ def evaluate(groups: dict[str, list[tuple[str, float]]], score, k: int = 3) -> d
 
 
 def static_score(target: str = "cpu"):
-    """``score(base_text, cand_texts)`` of the static model: ln(est(base) / est(cand))."""
+    """``score(base, cands)`` of the static model (:func:`steptp.search.cost.static_scores`)
+    over program texts or parsed programs: ln(est(base) / est(cand))."""
     from ..leir import parse_program
-    from .cost import estimate_ns
+    from .cost import static_scores
 
     def score(base, cands):
-        b = estimate_ns(parse_program(base) if isinstance(base, str) else base, target) + 1.0
-        return [math.log(b / (estimate_ns(parse_program(c) if isinstance(c, str) else c, target) + 1.0))
-                for c in cands]
+        return static_scores(parse_program(base) if isinstance(base, str) else base,
+                             [parse_program(c) if isinstance(c, str) else c for c in cands], target)
 
     return score
 
