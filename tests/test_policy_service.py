@@ -13,7 +13,8 @@ import pytest
 
 from openai_stub import OpenAIStub, closed_port
 
-from steptp.engine.service import EngineService, bounded, seeded_rng
+from steptp.engine.service import EngineService, bounded
+from steptp.seeds import seeded_rng
 from steptp.leir import format_program, load_leir
 from steptp.llm import ChatClient, single_label, single_prompt
 from steptp.policy import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy, StrategyNames, program_key

@@ -160,7 +160,7 @@ def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for t
     bar.close()
     typer.echo(format_report(rep))
     if report:
-        from ..dataset.writers import write_json_atomic
+        from ..io import write_json_atomic
 
         write_json_atomic(report, rep)
     if rep["ok"] < rep["total"]:

@@ -87,7 +87,7 @@ def load_cases(inputs: list[str]) -> tuple[list[Case], list[dict]]:
 
 
 def _read_results(path: Path) -> list[dict]:
-    from ..dataset.writers import read_jsonl_lines
+    from ..io import read_jsonl_lines
 
     out = []
     try:
@@ -111,7 +111,7 @@ def _check_run(outdir: Path, run: dict) -> None:
             diff = sorted(k for k in set(old) | set(run) if old.get(k) != run.get(k))
             raise EvalError(f"{outdir} holds a run with other options ({', '.join(diff)}); use another -o")
     else:
-        from ..dataset.writers import write_json_atomic
+        from ..io import write_json_atomic
 
         try:
             outdir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def evaluate(inputs: list[str], outdir: str | Path, policy: AnswerSource, opts: 
     :class:`steptp.llm.EndpointError` when the endpoint is unusable (checked once, before
     anything is asked). Hostile answers, request failures and crashing kernels become failed
     samples with their reason."""
-    from ..dataset.writers import JsonlAppender
+    from ..io import JsonlAppender
 
     opts = opts or EvalOptions()
     out = Path(outdir)
@@ -262,7 +262,7 @@ def evaluate(inputs: list[str], outdir: str | Path, policy: AnswerSource, opts: 
         if close is not None:
             close()
     summary = summarise(_read_results(results_path), cases, opts.samples, skipped, run)
-    from ..dataset.writers import write_json_atomic
+    from ..io import write_json_atomic
     from .report import write_report
 
     write_json_atomic(out / "summary.json", summary)

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dataset.writers import write_text_atomic as _write_atomic
+from ..io import write_text_atomic as _write_atomic
 from ..leir import LeirModule, save_leir
 from .algorithms import ALGORITHMS, DEFAULTS, run_algorithm
 from .core import Node, Search, Timer
