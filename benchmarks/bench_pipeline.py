@@ -93,7 +93,7 @@ def install_timers(timer: StageTimer) -> None:
         mod(name)  # imported first so that their names get patched too
     build, preflight, tvmscript = mod("steptp.backend.build"), mod("steptp.backend.preflight"), mod(
         "steptp.backend.tvmscript")
-    cot, chat, writers = mod("steptp.cot"), mod("steptp.dataset.chat"), mod("steptp.io")
+    cot, chat, writers = mod("steptp.engine.cot"), mod("steptp.dataset.chat"), mod("steptp.io")
     engine, apply_mod = mod("steptp.engine"), mod("steptp.engine.apply")
     analysis, parser, printer = mod("steptp.leir.analysis"), mod("steptp.leir.parser"), mod("steptp.leir.printer")
     verify = mod("steptp.verify")

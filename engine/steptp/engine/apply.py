@@ -13,7 +13,7 @@ Flow (paper §3.2 "decompose-modify-reassemble"; egglog-notes, recommended archi
    ``rewrite:`` primitives run in order, and the result is checked: it must differ from
    the input, re-parse to itself, and pass :func:`steptp.leir.analysis.analyze` with the
    unchanged signature.
-5. The CoT is rendered from the actual change (:mod:`steptp.cot`).
+5. The CoT is rendered from the actual change (:mod:`steptp.engine.cot`).
 """
 
 from __future__ import annotations
@@ -502,7 +502,7 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
         raise PreflightRejected(f"rule '{rule.id}' at {chosen} with {chosen_params or 'no parameters'} fails the GPU "
                                 f"preflight: {'; '.join(probs)}", probs)
 
-    from ..cot import render_cot
+    from .cot import render_cot
 
     cot = render_cot(rule, module, after, chosen, chosen_params, env, ctx.changes)
     return Step(rule=rule, before=module, after=after, site=chosen, params=chosen_params, cot=cot,

@@ -9,7 +9,7 @@ speedup is ``Runtime_original / Runtime_transformed``):
    ``B`` loops serial; :mod:`steptp.backend.perf` explains why), not the poisoned opt-level-0
    verification form; on ``cuda`` the GPU form exported and loaded with the TVM runtime
    (:func:`steptp.backend.perf.export_cuda`, :mod:`steptp.backend.cuda_runtime`).
-2. Inputs: fixed seeded values, ``steptp.verify.random_inputs(signature, seed, 0, [program])``
+2. Inputs: fixed seeded values, ``steptp.runner.program_inputs.random_inputs(signature, seed, 0, [program])``
    (trial 0: floats uniform(-2, 2)); outputs start at zero. Same seed, same inputs, so two
    programs with one signature are timed on identical data.
 3. ``warmup`` calls (default 3, as in the paper), then ``number`` calibration: unless given,
@@ -170,7 +170,7 @@ def measure(module: LeirModule, device: str = "cpu", *, number: int | None = Non
     * ``number``: calls per measurement; ``None`` calibrates it to ``min_repeat_ms``
       milliseconds (a given ``number`` is raised to that too when ``min_repeat_ms`` > 0).
     * ``repeat``: measurements (>= 1); ``warmup``: calls before measuring (>= 0);
-      ``seed``: of the inputs (:func:`steptp.verify.random_inputs`, trial 0).
+      ``seed``: of the inputs (:func:`steptp.runner.program_inputs.random_inputs`, trial 0).
 
     Returns a :class:`Timing` in microseconds per call (module docstring: methodology,
     threads, cache). Raises ``ValueError`` for bad settings or device,
@@ -204,7 +204,7 @@ def measure(module: LeirModule, device: str = "cpu", *, number: int | None = Non
 
 
 def _inputs(module: LeirModule, seed: int) -> dict:
-    from ..verify import random_inputs  # noqa: PLC0415
+    from .program_inputs import random_inputs  # noqa: PLC0415
 
     return random_inputs(module.signature, seed, 0, [module.program])
 
