@@ -185,6 +185,27 @@ def test_spine_names_are_defined_once():
                      "seeded_rng": ["steptp.seeds"]}, found
 
 
+#: Modules still building their own worker, owned by other engineers; they move to
+#: steptp.runner.pool.shared next (issue 35).
+WORKER_PENDING = {"steptp.rewards", "steptp.gpu.run"}
+
+
+def test_workers_are_built_only_inside_the_runner():
+    """``IsolatedRunner(...)`` is called only in ``steptp.runner`` (the pool); everyone else
+    asks :func:`steptp.runner.pool.shared`."""
+    calls = set()
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if (isinstance(f, ast.Name) and f.id == "IsolatedRunner") or \
+                        (isinstance(f, ast.Attribute) and f.attr == "IsolatedRunner"):
+                    calls.add(name)
+    outside = {m for m in calls if not _below(m, ("steptp.runner",))} - WORKER_PENDING
+    assert outside == set(), f"IsolatedRunner built outside steptp.runner: {sorted(outside)}"
+    assert "steptp.runner.pool" in calls
+
+
 def test_seed_derivation_and_writers_sit_at_the_bottom():
     """steptp.seeds and steptp.io import nothing from the package, so every layer may use them."""
     g = import_graph(with_packages=True)

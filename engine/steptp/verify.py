@@ -39,19 +39,19 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 
-from .backend.build import IsolatedRunner, compile_cuda_text, nvcc_check, nvcc_path, np_dtype, run_lowered
+from .backend.build import compile_cuda_text, nvcc_check, nvcc_path, np_dtype, run_lowered
 from .backend.errors import BackendError, BuildError, ExecError, LoweringError
 from .backend.hardware import DEFAULT_GPU, GpuLimits
 from .backend.preflight import preflight
 from .backend.tvmscript import lower_module, tvm_dtype
 from .runner.device import DEVICES
+from .runner.worker import IsolatedRunner
 from .runner.program_inputs import ORDERED_TRIALS, index_bounds, ordered_inputs, random_inputs, tensor_specs
 from .leir.analysis import analyze, LeirSemanticError
 from .leir.fileformat import LeirModule, Signature, parse_leir
@@ -191,20 +191,12 @@ class VerifyResult:
 # Execution strategy
 # ---------------------------------------------------------------------------
 
-_DEFAULT_RUNNER: IsolatedRunner | None = None
-_RUNNER_LOCK = threading.Lock()
-
-
 def default_runner() -> IsolatedRunner:
-    """The process-wide :class:`IsolatedRunner` used by ``isolated=True`` (started lazily)."""
-    global _DEFAULT_RUNNER
-    with _RUNNER_LOCK:
-        if _DEFAULT_RUNNER is None:
-            _DEFAULT_RUNNER = IsolatedRunner()
-            import atexit
+    """The process-wide verification worker used by ``isolated=True``: the pool's
+    ``"verify"`` worker (:func:`steptp.runner.pool.shared`, started lazily)."""
+    from .runner.pool import shared
 
-            atexit.register(_DEFAULT_RUNNER.close)
-        return _DEFAULT_RUNNER
+    return shared("verify")
 
 
 def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig: Signature,

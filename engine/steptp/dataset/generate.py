@@ -106,20 +106,15 @@ def _lowered(module: LeirModule, with_cuda: bool) -> dict:
     return out
 
 
-_RUNNER = None
-
-
 def _runner(opts: Options):
-    """One isolated verification worker per generating process (started lazily, reused:
-    a worker costs ~2 s to start; a crash or time-out restarts it and fails one check)."""
-    global _RUNNER
+    """The generating process's verification worker, the pool's ``"verify"`` worker
+    (:func:`steptp.runner.pool.shared`: started lazily, reused: a worker costs ~2 s to start;
+    a crash or time-out restarts it and fails one check); None when not isolated."""
     if not opts.isolated:
         return None
-    if _RUNNER is None:
-        from ..backend import IsolatedRunner
+    from ..runner.pool import shared
 
-        _RUNNER = IsolatedRunner(timeout_s=opts.timeout_s)
-    return _RUNNER
+    return shared("verify", opts.timeout_s)
 
 
 def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:

@@ -316,10 +316,10 @@ class EngineService:
             except Exception as e:  # noqa: BLE001 - as the worker reports it: the call failed
                 return e
         from ..backend.errors import BackendError
-        from ..runner.worker import IsolatedRunner
+        from ..runner.pool import shared
 
         if self._runner is None:
-            self._runner = IsolatedRunner()
+            self._runner = shared("engine")
         if self._runner.pid is None:  # a fresh worker imports the engine first, outside the call's limit
             try:
                 self._runner.call(ready, timeout_s=120.0)

@@ -124,10 +124,10 @@ class _Scorer:
     """Parse, verify and recognise one sample (main thread: time limits apply)."""
 
     def __init__(self, opts: EvalOptions):
-        from ..backend import IsolatedRunner
+        from ..runner.pool import shared
 
         self.opts = opts
-        self.runner = IsolatedRunner(timeout_s=opts.verify_timeout_s)
+        self.runner = shared("verify", opts.verify_timeout_s)
         self.recognizer = None
         if opts.recognise:
             from .recognize import Recognizer

@@ -261,7 +261,6 @@ def _measure_cuda(module: LeirModule, number, repeat, warmup, min_repeat_ms, see
     return summarize(secs, n, "cuda", 1)
 
 
-_CUDA_RUNNER = None
 
 
 def measure_cuda_here(module_text: str, limits, number, repeat, warmup, min_repeat_ms, seed) -> tuple[list[float], int]:
@@ -385,16 +384,10 @@ def compare_here(text_a: str, text_b: str, device: str, limits, rounds: int, war
 
 
 def _cuda_runner():
-    from .worker import IsolatedRunner  # noqa: PLC0415
+    """The pool's ``"cuda"`` worker (:func:`steptp.runner.pool.shared`), 600 s per call."""
+    from .pool import shared  # noqa: PLC0415
 
-    global _CUDA_RUNNER
-    with _LOCK:
-        if _CUDA_RUNNER is None:
-            import atexit  # noqa: PLC0415
-
-            _CUDA_RUNNER = IsolatedRunner(timeout_s=600.0)
-            atexit.register(_CUDA_RUNNER.close)
-        return _CUDA_RUNNER
+    return shared("cuda", 600.0)
 
 
 __all__ = ["Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads",
