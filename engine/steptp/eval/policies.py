@@ -41,7 +41,7 @@ class Answer:
 class AnswerSource:
     """Where eval answers come from (not a :class:`steptp.policy.Policy`: it answers cases,
     through :class:`ProposalAnswers` for the policies). Interface: :meth:`answers` returns ``n`` answers for a case. ``threaded`` policies
-    (network-bound) are asked from ``-j`` threads; the others run in the main thread."""
+    (network-bound) are asked from ``--concurrency`` threads; the others run in the main thread."""
 
     name = "policy"
     threaded = False
