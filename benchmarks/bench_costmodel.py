@@ -30,7 +30,7 @@ def build_default(out: Path, workers: int) -> Path:
     """A timed dataset of the bundled examples (resumes when it exists)."""
     stp = Path(sys.executable).with_name("stp")
     cmd = [str(stp) if stp.exists() else "stp", "dataset", str(ROOT / "examples"), "-o", str(out), "--time",
-           "--per-rule", "3", "--no-cuda", "--no-nvcc", "--batch", "1", "-j", str(workers), "--seed", "0", "-q"]
+           "--per-rule", "3", "--no-cuda", "--no-nvcc", "--programs-per-task", "1", "-j", str(workers), "--seed", "0", "-q"]
     print("building the measurements:", " ".join(cmd[1:]), file=sys.stderr)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return out

@@ -93,7 +93,7 @@ def install_timers(timer: StageTimer) -> None:
         mod(name)  # imported first so that their names get patched too
     build, preflight, tvmscript = mod("steptp.backend.build"), mod("steptp.backend.preflight"), mod(
         "steptp.backend.tvmscript")
-    cot, chat, writers = mod("steptp.cot"), mod("steptp.dataset.chat"), mod("steptp.dataset.writers")
+    cot, chat, writers = mod("steptp.engine.cot"), mod("steptp.dataset.chat"), mod("steptp.io")
     engine, apply_mod = mod("steptp.engine"), mod("steptp.engine.apply")
     analysis, parser, printer = mod("steptp.leir.analysis"), mod("steptp.leir.parser"), mod("steptp.leir.printer")
     verify = mod("steptp.verify")
@@ -195,7 +195,7 @@ def main() -> None:
     from steptp.backend.build import nvcc_path
     from steptp.dataset.generate import Options
     from steptp.dataset.pipeline import generate_dataset
-    from steptp.dataset.writers import read_jsonl
+    from steptp.io import read_jsonl
     from steptp.resources import rules_dir
 
     rules = args.rule or [str(p) for p in sorted(rules_dir().glob("*.yaml"))]

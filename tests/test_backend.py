@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from steptp.backend import (BuildError, ExecError, IsolatedRunner, LoweringError, PreflightError, build_cpu,
+from steptp.backend import (BuildError, ExecError, LoweringError, PreflightError, build_cpu,
                             cuda_source, cuda_target, gpu_problems, loop_hazards, lower, lower_module, nvcc_check,
                             nvcc_path, parse_tvmscript, preflight, run_cpu)
 from steptp.backend import build as build_mod
+from steptp.runner.worker import IsolatedRunner
 from steptp.backend.hardware import H100, THREAD_LIMITS
 from steptp.leir import parse_leir
 

@@ -234,3 +234,47 @@ def test_rules_list_and_selftest():
         assert rid in res.output
     res = stp("rules", "test", rules_dir() / "loop_reorder.yaml")
     assert res.exit_code == 0, res.output
+
+
+def _cli_options() -> dict[str, list[tuple[str, str]]]:
+    """``{flag: [(command, help), ...]}`` over every ``stp`` command."""
+    import typer
+    from typer.core import TyperOption
+
+    from steptp.cli import app
+
+    out: dict[str, list[tuple[str, str]]] = {}
+
+    def walk(c, path):
+        if hasattr(c, "commands"):
+            for n, sub in c.commands.items():
+                walk(sub, path + [n])
+            return
+        for p in c.params:
+            if isinstance(p, TyperOption):
+                for o in p.opts:
+                    out.setdefault(o, []).append((" ".join(path), p.help or ""))
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+def test_one_meaning_per_flag_name():
+    """Issue 35: a flag name means one thing in every `stp <cmd> --help`, and says its unit.
+    (`stp gpu ...` is another engineer's module and follows later.)"""
+    opts = {k: [(c, h) for c, h in v if not c.startswith("gpu")] for k, v in _cli_options().items()}
+    opts = {k: v for k, v in opts.items() if v}
+    timeouts = opts["--timeout"]
+    assert {c for c, _ in timeouts} >= {"verify", "dataset", "eval", "search"}
+    assert all(h.startswith("Seconds: time limit of one verification check") or
+               h.startswith("Seconds: time limit of the verification check") for _, h in timeouts), timeouts
+    assert all(h.startswith("Seconds: time limit of one endpoint request") for _, h in opts["--request-timeout"])
+    assert [c for c, _ in opts["--rounds"]] == ["dataset"]  # derived rounds; trees are --trees
+    assert [c for c, _ in opts["--trees"]] == ["costmodel train"]
+    assert "--batch" not in opts  # gpu pack's programs per library; the dataset's tasks: --programs-per-task
+    assert all("worker processes" in h for _, h in opts["-j"]), opts["-j"]
+    assert all("threads" in h for _, h in opts["--concurrency"])
+    assert all("learn" not in h for _, h in opts["--device"])  # where to run, never which timings to learn
+    assert [c for c, _ in opts["--timings-of"]] == ["costmodel train"]
+    assert [c for c, _ in opts["--repeat"]] == ["time"] and "Timing rounds" in opts["--repeat"][0][1]
+    assert "--per-rule" in opts and [c for c, _ in opts["--per-rule"]] == ["dataset"]

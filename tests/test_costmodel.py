@@ -16,7 +16,8 @@ from steptp.cli import app
 from steptp.leir import LeirModule, load_leir, parse_program
 from steptp.search import SearchConfig, search_program
 from steptp.search import costmodel as C
-from steptp.search.core import Evaluation, Proposal, Search
+from steptp.policy import Proposal
+from steptp.search.core import Evaluation, Search
 from steptp.search.cost import estimate_ns
 from steptp.search.features import FEATURE_NAMES, program_features
 
@@ -163,7 +164,7 @@ def test_missing_lightgbm_is_one_line_exit_2(tmp_path, monkeypatch, model_file, 
 def test_search_rank_model_end_to_end(tmp_path, model_file):
     out = tmp_path / "s"
     r = runner.invoke(app, ["search", str(EXAMPLES / "softmax.leir"), "-o", str(out), "--rank",
-                            f"model:{model_file}", "-n", "1", "--per-rule", "1", "-q"])
+                            f"model:{model_file}", "-n", "1", "--candidates-per-rule", "1", "-q"])
     assert r.exit_code == 0, r.output
     sm = json.loads((out / "summary.json").read_text())
     assert sm["rank"] == "model" and sm["samples"] >= 1 and sm["algorithm"] == "greedy"

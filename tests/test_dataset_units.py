@@ -9,7 +9,7 @@ from steptp.dataset.difficulty import (
     FilterPolicy, difficulty_level, difficulty_score, filter_multi_items, keep_single,
 )
 from steptp.dataset.sources import discover
-from steptp.dataset.writers import JsonlAppender, read_jsonl, write_jsonl_atomic
+from steptp.io import JsonlAppender, read_jsonl, write_jsonl_atomic
 
 
 def _entry(i, sid="loop_split", level="difficult", leir="B^{2}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx};];"):
@@ -154,7 +154,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     write_jsonl_atomic(p, [{"x": 2}, {"x": 3}])
     assert [json.loads(l)["x"] for l in p.read_text().splitlines()] == [2, 3]
     assert not (tmp_path / "c.jsonl.tmp").exists()
-    from steptp.dataset.writers import write_json_atomic, write_text_atomic
+    from steptp.io import write_json_atomic, write_text_atomic
 
     t = tmp_path / "s.txt"
     write_text_atomic(t, "old\n")

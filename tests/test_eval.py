@@ -75,7 +75,7 @@ def test_oracle_endpoint_scores_resumes_and_reports(tmp_path):
     assert len(table) == 5
     out = tmp_path / "out"
     with OpenAIStub(_oracle(table)) as stub:
-        r = _eval(progs, "-o", out, "--endpoint", stub.url, "--model", "stub", "--samples", "2", "-j", "2")
+        r = _eval(progs, "-o", out, "--endpoint", stub.url, "--model", "stub", "--samples", "2", "--concurrency", "2")
         assert r.exit_code == 0, r.output
         assert stub.count == 5                       # n=2 in one request per case
         assert all(req.get("n") == 2 and req["temperature"] == 0.0 for req in stub.requests)

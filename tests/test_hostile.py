@@ -368,7 +368,7 @@ def test_output_path_that_is_a_file_is_a_clear_error(tmp_path):
 def test_full_disk_is_a_clear_error(one_run, tmp_path, monkeypatch):
     import errno
 
-    from steptp.dataset import writers
+    from steptp import io as writers
 
     out0, srcs, opts = one_run
     out = tmp_path / "full"

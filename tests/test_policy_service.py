@@ -13,7 +13,8 @@ import pytest
 
 from openai_stub import OpenAIStub, closed_port
 
-from steptp.engine.service import EngineService, bounded, seeded_rng
+from steptp.engine.service import EngineService, bounded
+from steptp.seeds import seeded_rng
 from steptp.leir import format_program, load_leir
 from steptp.llm import ChatClient, single_label, single_prompt
 from steptp.policy import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy, StrategyNames, program_key
@@ -109,7 +110,7 @@ def test_engine_policy_rule_pick_draws_per_sample(softmax, rules):
 
 
 def test_eval_engine_baseline_goes_through_the_adapter(softmax, rules):
-    from steptp.eval.policies import EnginePolicy as EvalEngine
+    from steptp.eval.policies import EngineAnswers as EvalEngine
 
     ev = EvalEngine(seed=0, rules=rules)
     case = _Case(softmax)

@@ -289,13 +289,13 @@ def test_several_programs_report_and_plot(tmp_path):
 
 
 def test_llm_strategy_names_map_to_rule_ids():
-    from steptp.search.policies import _lookup, _strategy_id, strategy_table
+    from steptp.policy import StrategyNames, strategy_table
 
-    table = _lookup(strategy_table())
+    table = StrategyNames(strategy_table())
     powsimp = next(s for s in strategy_table() if s["id"] == "powsimp")
-    assert _strategy_id(powsimp["name"].title(), table) == "powsimp"
-    assert _strategy_id("Loop Split, loop-reorder", table) == "loop_split+loop_reorder"
-    assert _strategy_id("a brand new trick", table) == "a_brand_new_trick"
+    assert table.strategy_id(powsimp["name"].title()) == "powsimp"
+    assert table.strategy_id("Loop Split, loop-reorder") == "loop_split+loop_reorder"
+    assert table.strategy_id("a brand new trick") == "a_brand_new_trick"
 
 
 def test_a_binding_on_the_cpu_is_a_noop_not_a_sample(tmp_path):

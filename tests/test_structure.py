@@ -1,12 +1,17 @@
-"""The package's shape stays readable (issue 18): no import cycle inside ``steptp`` and no
-module over 1,000 lines.
+"""The package's shape stays readable (issues 18 and 35): no import cycle inside ``steptp``,
+no module over 1,000 lines, the spine's lower layers (``runner/``, ``backend/``) import
+nothing from the layers above them, and the spine's shared names are defined once.
 
 A small AST pass over ``engine/steptp`` reads every import, function-level ones included,
 resolves relative imports, and looks for strongly connected components (Tarjan) of the
 module graph. ``from pkg import name`` points at ``pkg.name`` when that is a module, else
 at ``pkg``. A package's ``__init__`` that re-exports its own submodules is not a cycle by
-itself (it is how a package publishes its API), so edges from a package to its own
-submodules are left out; an edge from a submodule back to its package's ``__init__`` is kept.
+itself (it is how a package publishes its API), so :func:`import_graph` leaves edges from a
+package to its own submodules out by default; an edge from a submodule back to its
+package's ``__init__`` is kept. The cycle test uses ``with_packages=True`` as well: importing
+``steptp.rules`` runs ``rules/__init__``, which imports its submodules, so a path into a
+package that comes back out of one of its submodules is a real circle (issue 35:
+engine/apply -> engine/service -> rules -> rules/checks -> engine/apply).
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ def _is_package(mods: dict[str, Path], name: str) -> bool:
     return name in mods and mods[name].name == "__init__.py"
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the ``steptp`` modules it imports (anywhere in the file)."""
+def import_graph(with_packages: bool = False) -> dict[str, set[str]]:
+    """Module -> the ``steptp`` modules it imports (anywhere in the file). ``with_packages``:
+    keep the edges from a package's ``__init__`` to its own submodules."""
     mods = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
@@ -61,7 +67,7 @@ def import_graph() -> dict[str, set[str]]:
                     t = t.rpartition(".")[0]
                 if not t or t == name:
                     continue
-                if _is_package(mods, name) and t.startswith(name + "."):
+                if not with_packages and _is_package(mods, name) and t.startswith(name + "."):
                     continue  # a package publishing its own submodules
                 deps.add(t)
         graph[name] = deps
@@ -108,6 +114,102 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles():
     found = cycles(import_graph())
     assert found == [], "import cycles inside steptp: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_import_cycles_through_package_inits():
+    found = cycles(import_graph(with_packages=True))
+    assert found == [], "import cycles inside steptp: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+#: What the spine's lower layers may not import, lazily or not (issue 35).
+UPPER = ("steptp.verify", "steptp.search", "steptp.dataset", "steptp.eval", "steptp.policy", "steptp.gpu",
+         "steptp.cli")
+
+
+def _below(name: str, layers: tuple[str, ...]) -> bool:
+    return any(name == x or name.startswith(x + ".") for x in layers)
+
+
+def test_runner_and_backend_import_nothing_above_them():
+    g = import_graph(with_packages=True)
+    bad = {m: sorted(d for d in deps if _below(d, UPPER)) for m, deps in g.items()
+           if _below(m, ("steptp.runner", "steptp.backend"))}
+    bad = {m: d for m, d in bad.items() if d}
+    assert bad == {}, f"runner/backend modules importing upper layers: {bad}"
+
+
+def test_engine_imports_nothing_above_it():
+    """The rule engine sits under the rules, the dataset and the policies (issue 35: the CoT
+    renderer moved into engine/, the seed derivation into steptp.seeds). The engine service
+    is the one exception: it loads rule sets by their spec for its worker, above both."""
+    g = import_graph(with_packages=True)
+    upper = UPPER + ("steptp.rules",)
+    bad = {m: sorted(d for d in deps if _below(d, upper)) for m, deps in g.items()
+           if _below(m, ("steptp.engine",)) and m != "steptp.engine.service"}
+    bad = {m: d for m, d in bad.items() if d}
+    assert bad == {}, f"engine modules importing upper layers: {bad}"
+
+
+def test_layer_checks_see_a_bad_import():
+    """The layer test reads function-level imports: a fabricated graph with one lazy upward
+    edge is caught by the same predicate."""
+    assert _below("steptp.verify", UPPER) and _below("steptp.search.cost", UPPER)
+    assert not _below("steptp.runner.device", UPPER) and not _below("steptp.policyx", ("steptp.policy",))
+
+
+def definitions(names: set[str]) -> dict[str, list[str]]:
+    """``{name: [module, ...]}``: where each of ``names`` is bound by a ``class``, ``def`` or
+    assignment (any nesting level) in ``engine/steptp``; imports do not count."""
+    out: dict[str, list[str]] = {n: [] for n in names}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            bound: list[str] = []
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                bound = [node.name]
+            elif isinstance(node, ast.Assign):
+                bound = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                bound = [node.target.id]
+            for b in bound:
+                if b in out:
+                    out[b].append(name)
+    return out
+
+
+def test_spine_names_are_defined_once():
+    """``DEVICES`` in runner/device.py; ``Proposal``, ``Policy``, ``EnginePolicy`` in
+    policy.py; no copies and no aliases (``Policy = ...``) anywhere else."""
+    found = definitions({"DEVICES", "Proposal", "Policy", "EnginePolicy", "seeded_rng"})
+    assert found == {"DEVICES": ["steptp.runner.device"], "Proposal": ["steptp.policy"],
+                     "Policy": ["steptp.policy"], "EnginePolicy": ["steptp.policy"],
+                     "seeded_rng": ["steptp.seeds"]}, found
+
+
+#: Modules still building their own worker, owned by other engineers; they move to
+#: steptp.runner.pool.shared next (issue 35).
+WORKER_PENDING = {"steptp.gpu.run"}
+
+
+def test_workers_are_built_only_inside_the_runner():
+    """``IsolatedRunner(...)`` is called only in ``steptp.runner`` (the pool); everyone else
+    asks :func:`steptp.runner.pool.shared`."""
+    calls = set()
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if (isinstance(f, ast.Name) and f.id == "IsolatedRunner") or \
+                        (isinstance(f, ast.Attribute) and f.attr == "IsolatedRunner"):
+                    calls.add(name)
+    outside = {m for m in calls if not _below(m, ("steptp.runner",))} - WORKER_PENDING
+    assert outside == set(), f"IsolatedRunner built outside steptp.runner: {sorted(outside)}"
+    assert "steptp.runner.pool" in calls
+
+
+def test_seed_derivation_and_writers_sit_at_the_bottom():
+    """steptp.seeds and steptp.io import nothing from the package, so every layer may use them."""
+    g = import_graph(with_packages=True)
+    assert g["steptp.seeds"] == set() and g["steptp.io"] == set()
 
 
 def test_cycle_finder_finds_a_cycle():

@@ -279,7 +279,7 @@ def test_verify_against_with_custom_inputs_and_exec_failure_is_reported():
 @pytest.mark.slow
 def test_isolated_verification_survives_hang_and_segfault(monkeypatch):
     import steptp.verify as verify_mod
-    from steptp.backend import IsolatedRunner
+    from steptp.runner.worker import IsolatedRunner
 
     # the hanging program is above the up-front work limit; lift it to exercise the time limit
     monkeypatch.setattr(verify_mod, "MAX_VERIFY_WORK", 1 << 62)

@@ -25,7 +25,7 @@ chain-without-parent algorithm and in eval).
   single-answer prompt (``prompt="single"``: ``k`` sampled answers, one proposal each,
   carrying the raw answer text).
 
-Every seeded draw uses :func:`steptp.engine.service.seeded_rng`. The claimed-strategy ->
+Every seeded draw uses :func:`steptp.seeds.seeded_rng` (seed, program, rule, purpose). The claimed-strategy ->
 rule-id lookup is :class:`StrategyNames`.
 """
 
@@ -173,7 +173,7 @@ class EnginePolicy:
 
     :meth:`propose` takes an optional ``draw`` key: the draw's generator is
     ``seeded_rng(seed, *draw)`` (eval: ``(case id, sample)``), by default ``seeded_rng(seed,
-    "draw", program key, n)`` for the n-th call on that program. Raises ``ValueError`` for
+    program key, "draw", n)`` for the n-th call on that program. Raises ``ValueError`` for
     an unknown ``rank`` or ``pick``."""
 
     def __init__(self, rules=None, *, rank: str = "random", pick: str = "candidate", seed: int = 0, per_rule: int = 8,
@@ -219,7 +219,7 @@ class EnginePolicy:
     def candidates(self, module: LeirModule) -> list[tuple[str, int]]:
         """``(rule id, candidate index)`` pairs for ``module`` (at most ``per_rule`` per
         rule, a seeded sample), cached per canonical text."""
-        from .engine.service import seeded_rng
+        from .seeds import seeded_rng
 
         key = program_key(module)
         hit = self._cands.get(key)
@@ -230,7 +230,7 @@ class EnginePolicy:
         for rid in self.rule_ids:
             idx = list(range(int(counts.get(rid, 0))))
             if len(idx) > self.per_rule:
-                idx = sorted(seeded_rng(self.seed, "cap", rid, key).sample(idx, self.per_rule))
+                idx = sorted(seeded_rng(self.seed, key, rid, "cap").sample(idx, self.per_rule))
             out.extend((rid, i) for i in idx)
         if len(self._cands) >= self.cache_size:
             self._cands.pop(next(iter(self._cands)))
@@ -250,12 +250,12 @@ class EnginePolicy:
 
     def propose(self, program: Any, history: list, k: int, *, draw: tuple | None = None) -> list[Proposal]:
         """At most ``k`` engine proposals for ``program`` (see the class docstring)."""
-        from .engine.service import seeded_rng
+        from .seeds import seeded_rng
 
         module, key = module_of(program), program_key(program)
         if draw is None:
             call = self._calls[key] = self._calls.get(key, 0) + 1
-            rng = seeded_rng(self.seed, "draw", key, call)
+            rng = seeded_rng(self.seed, key, "draw", call)
         else:
             rng = seeded_rng(self.seed, *draw)
         if self.pick == "rule":
@@ -277,15 +277,12 @@ class EnginePolicy:
         if self.rank == "cost":
             ranked = self._ranked.get(key)
             if ranked is None:
-                from .search.cost import estimate_ns
+                from .search.cost import static_scores
 
-                scored = []
-                for i in order:  # seeded order breaks ties between equal costs
-                    p = self._apply(module, *cands[i], self.seed)
-                    if p is not None:
-                        scored.append((estimate_ns(p.module.program, self.target), len(scored), p))
-                scored.sort(key=lambda x: (x[0], x[1]))
-                ranked = self._ranked[key] = [p for _, _, p in scored]
+                props = [p for p in (self._apply(module, *cands[i], self.seed) for i in order) if p is not None]
+                scores = static_scores(module.program, [p.module.program for p in props], self.target)
+                # highest predicted speedup (lowest estimate) first; the seeded order breaks ties
+                ranked = self._ranked[key] = [props[j] for j in sorted(range(len(props)), key=lambda j: (-scores[j], j))]
             out, ranked[:] = ranked[:k], ranked[k:]
             return out
         out = []

@@ -66,7 +66,6 @@ REWARDS = {"unparsable": 0.0, "build": 0.02, "exec": 0.04, "not_equal": 0.06, "u
 #: completions that got ``None``). Read it to see how many were left out of the advantage.
 STATS: Counter = Counter()
 
-_RUNNER: list = []
 
 
 def _text(x: Any) -> str:
@@ -82,17 +81,18 @@ def _text(x: Any) -> str:
 
 
 def _runner(timeout_s: float):
-    if not _RUNNER:
-        from .runner.worker import IsolatedRunner  # noqa: PLC0415
+    """The reward's worker: the pool's ``"rewards"`` worker (:func:`steptp.runner.pool.shared`),
+    reused between calls, restarted when it dies or hangs; ``timeout_s`` per call."""
+    from .runner.pool import shared  # noqa: PLC0415
 
-        _RUNNER.append(IsolatedRunner(timeout_s=timeout_s))
-    return _RUNNER[0]
+    return shared("rewards", timeout_s)
 
 
 def close() -> None:
-    """Stop the worker process of earlier calls (it is reused between calls)."""
-    while _RUNNER:
-        _RUNNER.pop().close()
+    """Stop the worker process of earlier calls (it starts again when next used)."""
+    from .runner.pool import shared  # noqa: PLC0415
+
+    shared("rewards").close()
 
 
 def timed_speedup(original_text: str, candidate_text: str, seed: int) -> tuple[float, str]:

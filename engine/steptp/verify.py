@@ -39,21 +39,21 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 
-from .backend.build import IsolatedRunner, compile_cuda_text, nvcc_check, nvcc_path, np_dtype, run_lowered
+from .backend.build import compile_cuda_text, nvcc_check, nvcc_path, np_dtype, run_lowered
 from .backend.errors import BackendError, BuildError, ExecError, LoweringError, WorkerFailure
 from .backend.hardware import DEFAULT_GPU, GpuLimits
 from .backend.preflight import preflight
 from .backend.tvmscript import lower_module, tvm_dtype
-from .runner.inputs import TensorSpec, ordered_arrays, random_arrays
-from .leir import ast as A
-from .leir.analysis import analyze, equation_instances, interval, tensor_refs, LeirSemanticError
+from .runner.device import DEVICES
+from .runner.worker import IsolatedRunner
+from .runner.program_inputs import ORDERED_TRIALS, index_bounds, ordered_inputs, random_inputs, tensor_specs
+from .leir.analysis import analyze, LeirSemanticError
 from .leir.fileformat import LeirModule, Signature, parse_leir
 from .leir.parser import LeirSyntaxError
 from .leir.printer import format_program
@@ -129,102 +129,6 @@ def resource_problem(module: LeirModule, max_bytes: int | None = None, max_work:
         return (f"the program executes {work} equation instances per trial, above the verification limit of "
                 f"{max_work}")
     return ""
-
-
-# ---------------------------------------------------------------------------
-# Inputs
-# ---------------------------------------------------------------------------
-
-
-def index_bounds(signature: Signature, programs: Sequence[A.Program] = ()) -> dict[str, int]:
-    """For each integer input used inside a subscript: the largest ``M`` such that values in
-    ``[0, M)`` keep every subscript it appears in within its tensor's extent (by interval
-    analysis with the enclosing loop ranges). Inputs with no provable bound are omitted."""
-    ints = {t.name for t in signature.tensors if not t.is_output and (t.dtype[0] in "iu")}
-    bounds: dict[str, int] = {}
-    for prog in programs:
-        try:
-            shapes = analyze(prog, signature, check_bounds=False).shapes
-        except (LeirSemanticError, ValueError):
-            shapes = {t.name: t.shape for t in signature.tensors}
-        for inst in equation_instances(prog):
-            ranges = {l.var: l.extent for l in inst.loops}
-            acc = [inst.eq.target, *tensor_refs(inst.eq.value)]
-            acc += [r for i in inst.eq.target.indices for r in tensor_refs(i)]
-            for t in acc:
-                shape = shapes.get(t.name)
-                if shape is None or len(shape) != len(t.indices):
-                    continue
-                for d, entry in enumerate(t.indices):
-                    for x in {r.name for r in tensor_refs(entry)} & ints:
-                        m = _largest_bound(entry, x, ranges, shape[d])
-                        if m is not None:
-                            bounds[x] = min(bounds.get(x, m), m)
-    return bounds
-
-
-def _largest_bound(entry: A.Expr, name: str, ranges: dict[str, int], extent: int) -> int | None:
-    def fits(m: int) -> bool:
-        try:
-            lo, hi = interval(entry, ranges, {name: (0, m - 1)})
-        except LeirSemanticError:
-            return False
-        return lo >= 0 and hi <= extent - 1
-
-    if not fits(1):
-        return None
-    lo, hi = 1, extent
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def random_inputs(signature: Signature, seed: int = 0, trial: int = 0,
-                  programs: Sequence[A.Program] = ()) -> dict[str, np.ndarray]:
-    """Seeded random values for every non-output tensor of ``signature`` (inputs, params and
-    constants), by name, with the declared shape and numpy dtype.
-
-    The distribution depends on ``trial % 3`` (module docstring table). ``programs``
-    (LEIR programs reading these inputs) lets integer tensors used as indices get a range
-    that keeps the subscripts in bounds (:func:`index_bounds`). Deterministic: the same
-    ``(signature, seed, trial, programs)`` gives bit-identical arrays
-    (``np.random.default_rng([seed, trial])``, tensors drawn in header order).
-    """
-    bounds = index_bounds(signature, programs) if programs else {}
-    return random_arrays(tensor_specs(signature), seed, trial, bounds)
-
-
-def tensor_specs(signature: Signature) -> list[TensorSpec]:
-    """The known tensors of ``signature`` as :class:`steptp.runner.inputs.TensorSpec` (header order)."""
-    return [TensorSpec(t.name, tuple(int(s) for s in t.shape), t.dtype, t.is_output) for t in signature.tensors]
-
-
-#: Ordered trials :func:`verify_pair` runs after the random ones: inputs increasing along
-#: every axis (+1), then decreasing (-1).
-ORDERED_TRIALS = (1, -1)
-
-
-def ordered_inputs(signature: Signature, seed: int = 0, direction: int = 1,
-                   programs: Sequence[A.Program] = ()) -> dict[str, np.ndarray]:
-    """Inputs whose floating point tensors are strictly monotone along every axis, so that
-    every element of a reduction matters in one of the two directions: the largest element
-    of each row is the last one when ``direction`` is +1, the smallest when it is -1. A max
-    (min) reduction that drops its last element therefore fails the increasing (decreasing)
-    trial for every seed, which random draws miss now and then (a 15-of-16 max passes random
-    trials 4 times in 20).
-
-    Element ``(i_1..i_r)`` of a shape ``(n_1..n_r)`` gets ``0.1 + 1.9 * u`` (+1) or
-    ``2 - 1.9 * u`` (-1), with ``u = mean_k(i_k / (n_k - 1))`` in [0, 1]: positive like
-    trial kind 1, so log/sqrt stay finite. Neighbours along axis ``k`` differ by
-    ``1.9 / (r (n_k - 1))``: distinct in f32/f64; in f16/bf16 long axes may round to ties.
-    Integer, boolean and index tensors are drawn as in :func:`random_inputs` (trial kind 1).
-    Deterministic for ``(signature, seed, direction, programs)``."""
-    bounds = index_bounds(signature, programs) if programs else {}
-    return ordered_arrays(tensor_specs(signature), seed, direction, bounds)
 
 
 # ---------------------------------------------------------------------------
@@ -304,20 +208,12 @@ class VerifyResult:
 # Execution strategy
 # ---------------------------------------------------------------------------
 
-_DEFAULT_RUNNER: IsolatedRunner | None = None
-_RUNNER_LOCK = threading.Lock()
-
-
 def default_runner() -> IsolatedRunner:
-    """The process-wide :class:`IsolatedRunner` used by ``isolated=True`` (started lazily)."""
-    global _DEFAULT_RUNNER
-    with _RUNNER_LOCK:
-        if _DEFAULT_RUNNER is None:
-            _DEFAULT_RUNNER = IsolatedRunner()
-            import atexit
+    """The process-wide verification worker used by ``isolated=True``: the pool's
+    ``"verify"`` worker (:func:`steptp.runner.pool.shared`, started lazily)."""
+    from .runner.pool import shared
 
-            atexit.register(_DEFAULT_RUNNER.close)
-        return _DEFAULT_RUNNER
+    return shared("verify")
 
 
 def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig: Signature,
@@ -329,10 +225,6 @@ def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig
     if runner is None:
         return run_lowered(cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch)
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
-
-
-#: Devices :func:`verify_pair` runs the transformed program on.
-DEVICES = ("cpu", "cuda")
 
 
 def verify_device(device: str | None = None) -> str:
@@ -800,6 +692,6 @@ def clear_reference_cache() -> None:
 
 __all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
-           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "DEVICES", "ordered_inputs",
+           "verify_against", "default_runner", "clear_reference_cache", "verify_device", "ordered_inputs",
            "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",
            "ARBITER_FACTOR", "ArbiterResult", "confirm_failure"]

@@ -8,7 +8,6 @@ Public API::
     run_cpu(module, arrays: dict[str, ndarray], signature=None) -> dict[str, ndarray]
     cuda_source(module, signature=None) -> str
     nvcc_check(sources: list) -> list[NvccResult]
-    IsolatedRunner(timeout_s).call(fn, *args)                                  # spawn worker
     preflight(module, signature=None) ; gpu_problems(...) ; loop_hazards(...)  # preflight.py
     BackendError > LoweringError, BuildError > PreflightError, ExecError        # errors.py
     GpuLimits, H100, DEFAULT_GPU, THREAD_LIMITS, MAX_THREADS_PER_BLOCK         # hardware.py
@@ -26,7 +25,6 @@ _EXPORTS = {
     **dict.fromkeys(["CpuKernel", "NvccResult", "ParamSpec", "build_cpu", "compile_cuda_text", "cuda_source",
                      "cuda_target", "np_dtype", "nvcc_check", "nvcc_path", "parse_tvmscript", "run_cpu",
                      "run_lowered"], "build"),
-    "IsolatedRunner": "steptp.runner.worker",
     **dict.fromkeys(["BackendError", "BuildError", "ExecError", "LoweringError", "PreflightError"], "errors"),
     **dict.fromkeys(["DEFAULT_GPU", "H100", "MAX_THREADS_PER_BLOCK", "THREAD_LIMITS", "GpuLimits"], "hardware"),
     **dict.fromkeys(["gpu_problems", "loop_hazards", "preflight"], "preflight"),
@@ -55,7 +53,6 @@ __all__ = [
     "lower", "lower_module", "Lowered", "TARGETS", "tvm_dtype",
     "build_cpu", "run_cpu", "run_lowered", "CpuKernel", "ParamSpec", "parse_tvmscript",
     "cuda_source", "compile_cuda_text", "cuda_target", "nvcc_check", "nvcc_path", "NvccResult", "np_dtype",
-    "IsolatedRunner",
     "preflight", "gpu_problems", "loop_hazards",
     "BackendError", "LoweringError", "BuildError", "PreflightError", "ExecError",
     "GpuLimits", "H100", "DEFAULT_GPU", "THREAD_LIMITS", "MAX_THREADS_PER_BLOCK",

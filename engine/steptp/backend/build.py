@@ -9,9 +9,8 @@
 * :func:`nvcc_check`: the Build pass: many kernels batched into one IRModule, hence one
   ``.cu`` file and one ``nvcc --ptx -arch=sm_90`` run (notes §3.3, t35: 50 kernels in
   0.6 s); failing batches are bisected to name the culprits.
-* :class:`IsolatedRunner`: a ``spawn``-context worker process with a per-call time limit,
-  restarted after a crash or a time-out, so a hanging or crashing kernel costs one
-  candidate (notes §5: ``fork`` can hang once TVM's thread pool exists).
+* Isolation (a ``spawn``-context worker with a per-call time limit) is not here: it is
+  :mod:`steptp.runner.worker`, reached through :func:`steptp.runner.pool.shared`.
 
 ``tvm`` is imported lazily (about 1 s), so ``import steptp.backend`` stays cheap.
 """
@@ -451,7 +450,7 @@ def run_cpu(module, arrays: Mapping[str, np.ndarray], signature: Signature | Non
 
     Raises :class:`LoweringError` / :class:`BuildError` (building), :class:`ExecError`
     (missing/unknown/wrong-shaped array, runtime error). No time limit in process: use
-    :class:`IsolatedRunner` for that.
+    a worker (:func:`steptp.runner.pool.shared`) for that.
     """
     k = module if isinstance(module, CpuKernel) else build_cpu(module, signature)
     return k(arrays)
@@ -463,7 +462,7 @@ def run_lowered(cpu_text: str, signature: Signature, input_sets: Sequence[Mappin
     """Build ``cpu_text`` and run the CPU kernel once per input set; with ``cuda_text``
     (the GPU form of the same lowering) first generate its CUDA C source. Returns
     ``(outputs per input set, CUDA source or None)``. The unit of work of
-    :class:`IsolatedRunner` in :mod:`steptp.verify`.
+    the verification worker in :mod:`steptp.verify`.
 
     When ``cpu_text`` is a verification form (``lower_module(..., poison=True)``) the GPU
     form is derived from its parse (:func:`gpu_form`) and memoised under ``cuda_text``, so
@@ -810,10 +809,8 @@ def nvcc_check(sources: Sequence, limits: GpuLimits = DEFAULT_GPU, batch: bool =
     return [r if r is not None else NvccResult(False, "tvm", "not processed") for r in results]
 
 
-# Isolated execution lives in steptp.runner.worker (re-exported here for old imports).
-from ..runner.worker import IsolatedRunner  # noqa: E402
 
 
 __all__ = ["CPU_TARGET", "cuda_target", "np_dtype", "is_tvmscript", "parse_tvmscript", "ParamSpec", "CpuKernel",
            "build_cpu", "run_cpu", "run_lowered", "gpu_form", "adopt_gpu_form", "compile_cuda_text", "cuda_source",
-           "nvcc_path", "NvccResult", "NVCC_FLAGS", "nvcc_check", "IsolatedRunner"]
+           "nvcc_path", "NvccResult", "NVCC_FLAGS", "nvcc_check"]

@@ -26,12 +26,13 @@ def _errors():
 def train(datasets: List[Path] = typer.Argument(..., help="stp dataset --time output directories (or their "
                                                           "dictionary.jsonl)."),
           out: Path = typer.Option(..., "-o", "--out", help="Model file to write (JSON)."),
-          device: str = typer.Option("cpu", "--device", help="cpu or cuda: the timings to learn (one model per "
-                                                             "device)."),
+          device: str = typer.Option("cpu", "--timings-of",
+                                     help="cpu or cuda: which device's timings to learn from (one model per "
+                                          "device; nothing runs here)."),
           siblings: int = typer.Option(64, "--siblings", min=0, help="Pairs of two transformations of the same "
                                                                      "original per program (besides each entry "
                                                                      "and its reverse)."),
-          rounds: int = typer.Option(100, "--rounds", min=1, help="Boosting rounds (trees)."),
+          rounds: int = typer.Option(100, "--trees", min=1, help="Boosting rounds, a count of trees."),
           seed: int = typer.Option(0, "--seed")):
     """Fit the model on every timed entry of DATASETS (pairs original -> transformed with
     their measured speedups) and write it to OUT. Exit 2 without LightGBM, without timed
@@ -39,7 +40,7 @@ def train(datasets: List[Path] = typer.Argument(..., help="stp dataset --time ou
     from ..search import costmodel as C
 
     if device not in ("cpu", "cuda"):
-        fail(f"--device {device}: expected cpu or cuda")
+        fail(f"--timings-of {device}: expected cpu or cuda")
     try:
         m = C.train(datasets, device=device, siblings=siblings, seed=seed, rounds=rounds)
         m.save(out)

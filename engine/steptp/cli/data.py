@@ -17,21 +17,26 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
             outdir: Path = typer.Option(..., "-o", "--out", help="Output directory (resumable)."),
             seed: int = typer.Option(0, "--seed"),
             rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: all shipped rules."),
-            workers: int = typer.Option(1, "-j", "--workers", min=1, help="Parallel worker processes (spawn)."),
-            batch: int = typer.Option(8, "--batch", min=1,
-                                      help="Programs per worker task; their candidates share one nvcc run "
+            workers: int = typer.Option(1, "-j", "--workers", min=1,
+                                        help="Parallel worker processes (spawn), a count."),
+            batch: int = typer.Option(8, "--programs-per-task", min=1,
+                                      help="Programs per worker task, a count; their candidates share one nvcc run "
                                            "(the output does not depend on it)."),
             per_rule: int = typer.Option(1, "--per-rule", min=1,
                                          help="Verified steps per program and rule: N candidates (sites x parameters) "
                                               "sampled with the seed."),
             max_tries: int = typer.Option(4, "--max-tries", min=1,
                                           help="Candidates tried per verified step wanted (per rule: N x this)."),
-            trials: int = typer.Option(3, "--trials", min=1, help="Seeded verification trials per check."),
+            trials: int = typer.Option(3, "--trials", min=1,
+                                       help="Seeded random verification trials per check (plus 2 ordered ones)."),
             no_cuda: bool = typer.Option(False, "--no-cuda", help="Skip the CUDA source / GPU TIR in entries."),
             no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx (faster)."),
             in_process: bool = typer.Option(False, "--in-process",
                                             help="Run checks in the generating process (faster, no time limit)."),
-            timeout: float = typer.Option(60.0, "--timeout", help="Time limit per check in seconds (isolated mode)."),
+            timeout: float = typer.Option(60.0, "--timeout",
+                                          help="Seconds: time limit of one verification check (the pair built and "
+                                               "run in the worker); in isolated mode it also bounds each rule's "
+                                               "site listing and each application."),
             parquet: bool = typer.Option(False, "--parquet", help="Also write dictionary.parquet (needs pyarrow)."),
             quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
             use_ray: bool = typer.Option(False, "--ray", help="Distribute programs over a Ray cluster (a local one "
@@ -143,7 +148,8 @@ def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for t
            gpu: bool = typer.Option(False, "--gpu", help="Use the large GPU work budget (2^34)."),
            types: Optional[List[str]] = typer.Option(None, "--type", help="Restrict to these program types."),
            do_verify: bool = typer.Option(False, "--verify", help="Translate and verify every program; report the rate."),
-           workers: int = typer.Option(1, "-j", "--workers", min=1),
+           workers: int = typer.Option(1, "-j", "--workers", min=1,
+                                       help="Parallel worker processes (spawn), a count (--verify)."),
            report: Optional[Path] = typer.Option(None, "--report", help="Write the verification report (JSON)."),
            quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
     """Generate KernelBench-style PyTorch programs (paper §3.1) with seeded shapes and dtypes."""
@@ -168,7 +174,7 @@ def corpus(outdir: Path = typer.Option(..., "-o", "--out", help="Directory for t
     bar.close()
     typer.echo(format_report(rep))
     if report:
-        from ..dataset.writers import write_json_atomic
+        from ..io import write_json_atomic
 
         write_json_atomic(report, rep)
     if rep["ok"] < rep["total"]:

@@ -26,16 +26,19 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
           samples: int = typer.Option(1, "--samples", min=1, help="Samples per case (pass@k for k <= N)."),
           temperature: float = typer.Option(0.0, "--temperature", min=0.0),
           max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1),
-          workers: int = typer.Option(1, "-j", "--workers", min=1, help="Concurrent requests (threads)."),
+          workers: int = typer.Option(1, "--concurrency", min=1,
+                                      help="Endpoint requests in flight at once (threads), a count."),
           request_timeout: float = typer.Option(600.0, "--request-timeout", min=0.1,
-                                                help="Time limit per endpoint request in seconds."),
+                                                help="Seconds: time limit of one endpoint request."),
           retries: int = typer.Option(2, "--retries", min=0, help="Retries per request on 429/5xx/connection errors."),
           seed: int = typer.Option(0, "--seed", help="Seed of the verification inputs and of --policy engine."),
-          trials: int = typer.Option(3, "--trials", min=1, help="Seeded verification trials per check."),
+          trials: int = typer.Option(3, "--trials", min=1,
+                                     help="Seeded random verification trials per check (plus 2 ordered ones)."),
           timeout: float = typer.Option(60.0, "--timeout", "--verify-timeout", min=1.0,
-                                        help="Time limit per verification in seconds, as in stp search "
-                                             "(--verify-timeout: deprecated alias; the per-request limit is "
-                                             "--request-timeout)."),
+                                        help="Seconds: time limit of one verification check (an answer built "
+                                             "and run against its case in the worker), as in stp verify, dataset "
+                                             "and search (--verify-timeout: deprecated alias; the per-request "
+                                             "limit is --request-timeout)."),
           device: str = typer.Option("cpu", "--device", help="cpu or cuda: where answers are verified (cuda: their "
                                                             "GPU form runs on the GPU)."),
           no_recognise: bool = typer.Option(False, "--no-recognise", help="Skip the strategy recogniser."),
@@ -46,7 +49,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
 
     Exit 0 when the run completes (whatever the scores), 1 when the endpoint is unreachable or
     every case failed with an internal error (summary.json: internal_errors), 2 for bad input."""
-    from ..eval import AnswersFilePolicy, EndpointPolicy, EnginePolicy, EvalError, EvalOptions, IdentityPolicy, evaluate
+    from ..eval import AnswersFilePolicy, EndpointPolicy, EngineAnswers, EvalError, EvalOptions, IdentityPolicy, evaluate
     from ..llm import ChatClient, EndpointError
 
     from ..runner.device import device_problem
@@ -66,7 +69,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
         elif answers is not None:
             pol = AnswersFilePolicy(answers)
         elif policy == "engine":
-            pol = EnginePolicy(seed=seed)
+            pol = EngineAnswers(seed=seed)
         elif policy == "identity":
             pol = IdentityPolicy()
         else:

@@ -60,16 +60,18 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                                       "per round (2)."),
            max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1,
                                                      help="Stop a search after this many verified samples."),
-           per_rule: int = typer.Option(8, "--per-rule", min=1,
-                                        help="Engine policy: at most N candidates per rule and program."),
+           per_rule: int = typer.Option(8, "--candidates-per-rule", min=1,
+                                        help="Engine policy: at most N candidates (a seeded sample) per rule and "
+                                             "program, a count."),
            seed: int = typer.Option(0, "--seed"),
            temperature: float = typer.Option(0.3, "--temperature", min=0.0, help="LLM sampling temperature (paper: "
                                                                                  "0.3)."),
            max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1),
            request_timeout: float = typer.Option(600.0, "--request-timeout", min=1.0,
-                                                 help="Seconds per LLM request."),
+                                                 help="Seconds: time limit of one endpoint request."),
            timeout: float = typer.Option(120.0, "--timeout", min=1.0,
-                                         help="Seconds to verify one candidate (worker process)."),
+                                         help="Seconds: time limit of one verification check (a candidate built "
+                                              "and run against the root in the worker)."),
            export_chat: Optional[Path] = typer.Option(None, "--export-chat",
                                                       help="Also write each best trajectory as a multi-step chat "
                                                            "record (ms-swift {\"messages\": [...]}) to this JSONL."),

@@ -19,7 +19,8 @@ def verify(original: Path = typer.Argument(..., help="Original .leir file."),
            trials: int = typer.Option(3, "--trials", min=1),
            no_nvcc: bool = typer.Option(False, "--no-nvcc", help="Build pass without nvcc --ptx."),
            timeout: float = typer.Option(300.0, "--timeout", min=1.0,
-                                         help="Time limit in seconds for building and running each program."),
+                                         help="Seconds: time limit of the verification check (the pair built and "
+                                              "run in the worker)."),
            device: str = typer.Option("cpu", "--device",
                                       help="Where the transformed program runs: cpu (LLVM) or cuda (its GPU form on "
                                            "the GPU; the reference is the original on the CPU).")):

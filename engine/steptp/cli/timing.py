@@ -25,11 +25,12 @@ def _same_signature(a, b) -> bool:
 
 @app.command("time")
 def time_cmd(programs: List[Path] = typer.Argument(..., help=".leir files; speedups are against the first."),
-             device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+             device: str = typer.Option("cpu", "--device", help="cpu or cuda: where the programs run and are timed."),
              as_json: bool = typer.Option(False, "--json", help="One JSON object per program."),
              number: Optional[int] = typer.Option(None, "--number", min=1,
                                                   help="Calls per measurement (default: enough for --min-repeat-ms)."),
-             repeat: int = typer.Option(10, "--repeat", min=1, help="Measurements per program (the paper used 3)."),
+             repeat: int = typer.Option(10, "--repeat", min=1,
+                                        help="Timing rounds: measurements per program, a count (the paper used 3)."),
              warmup: int = typer.Option(3, "--warmup", min=0, help="Calls before measuring."),
              min_repeat_ms: float = typer.Option(10.0, "--min-repeat-ms", min=0.0,
                                                  help="Minimum length of one measurement in milliseconds."),

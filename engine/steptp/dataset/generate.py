@@ -106,20 +106,15 @@ def _lowered(module: LeirModule, with_cuda: bool) -> dict:
     return out
 
 
-_RUNNER = None
-
-
 def _runner(opts: Options):
-    """One isolated verification worker per generating process (started lazily, reused:
-    a worker costs ~2 s to start; a crash or time-out restarts it and fails one check)."""
-    global _RUNNER
+    """The generating process's verification worker, the pool's ``"verify"`` worker
+    (:func:`steptp.runner.pool.shared`: started lazily, reused: a worker costs ~2 s to start;
+    a crash or time-out restarts it and fails one check); None when not isolated."""
     if not opts.isolated:
         return None
-    if _RUNNER is None:
-        from ..backend import IsolatedRunner
+    from ..runner.pool import shared
 
-        _RUNNER = IsolatedRunner(timeout_s=opts.timeout_s)
-    return _RUNNER
+    return shared("verify", opts.timeout_s)
 
 
 def load_source(src: Source, opts: Options) -> tuple[LeirModule, dict]:
@@ -226,7 +221,8 @@ class _RuleRun:
 
     def __init__(self, rule, module: LeirModule, src: Source, opts: Options, key: str | None = None):
         from ..engine import NoMatch, list_candidates
-        from ..engine.service import bounded, seeded_rng
+        from ..engine.service import bounded
+        from ..seeds import seeded_rng
 
         self.rule, self.module, self.opts = rule, module, opts
         self.rng = seeded_rng(opts.seed, key or src.key, rule.id)
@@ -514,7 +510,7 @@ def _choose_derived(units: list[_Program], opts: Options, key: str, round_no: in
     (``units``: its originals of that round) that become round ``round_no``'s derived
     originals: distinct transformed programs, ``opts.derived_per_round`` of them at most."""
     pool = _verified_pool(units)
-    from ..engine.service import seeded_rng
+    from ..seeds import seeded_rng
 
     rng = seeded_rng(opts.seed, key, f"round{round_no}")
     n = max(0, opts.derived_per_round)
@@ -531,7 +527,7 @@ def _follow_ups(units: list[_Program], opts: Options, key: str) -> list[_Program
     originals): for each rule with ``follows`` and no verified step in ``units``, a seeded
     choice of at most :data:`FOLLOW_UP_TRIES` distinct verified outputs of the strategies it
     follows; a derived original chosen for several rules runs all of them."""
-    from ..engine.service import seeded_rng
+    from ..seeds import seeded_rng
 
     verified = {run.rule.id for u in units for run in u.runs if run.kept}
     rules = {}

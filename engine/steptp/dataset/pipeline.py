@@ -47,7 +47,7 @@ from .difficulty import FilterPolicy, filter_multi_items, keep_single, paper_set
 from .generate import Options, ProgramResult, is_internal_error, process_batch_safe
 from .resume import ResumeError, load_resume_state
 from ..programs import discover
-from .writers import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
+from ..io import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
 
 
 class DatasetError(RuntimeError):

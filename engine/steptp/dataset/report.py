@@ -2,7 +2,7 @@
 
 Reads what ``stp dataset`` wrote (``dictionary.jsonl``, ``attempts.jsonl``, ``state.jsonl``,
 ``run.json``), tolerating a partial (interrupted) directory: a torn last line is skipped by
-:func:`steptp.dataset.writers.read_jsonl`, and the filtered (chat) sets are recomputed in
+:func:`steptp.io.read_jsonl`, and the filtered (chat) sets are recomputed in
 memory from the dictionary with the run's filter policy (:func:`steptp.dataset.pipeline.
 filtered_sets`), so the derived files need not exist. Writes ``OUTDIR/report.md`` and PNG
 plots (matplotlib, Agg backend, no display needed) and returns the markdown text.
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .difficulty import DIFFICULT, EASY, MEDIUM, FilterPolicy
-from .writers import read_jsonl
+from ..io import read_jsonl
 
 LEVELS = (EASY, MEDIUM, DIFFICULT)
 CATEGORIES = ("graph", "operator", "memory", "math")
@@ -663,7 +663,7 @@ def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path |
     figures["composition"]["before"] = {k: dict(v) for k, v in comp["before"].items()}
     figures["composition"]["after"] = {k: dict(v) for k, v in comp["after"].items()}
     figures["composition"]["multi_sizes"] = {str(k): v for k, v in comp["multi_sizes"].items()}
-    from .writers import write_json_atomic
+    from ..io import write_json_atomic
 
     write_json_atomic(out / "report_stats.json", figures)
     return text, figures

@@ -2,7 +2,7 @@
 
 Rules (crash safety, paper-independent engineering):
 
-* Only complete lines count (:func:`steptp.dataset.writers.read_jsonl_lines`): a torn last
+* Only complete lines count (:func:`steptp.io.read_jsonl_lines`): a torn last
   line, parseable or not, is never taken as written.
 * A program is **done** only when its ``state.jsonl`` line is complete *and* every entry
   id that line lists (``ids``) is in ``dictionary.jsonl``. So a dictionary truncated after
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .writers import read_jsonl_lines, write_jsonl_atomic
+from ..io import read_jsonl_lines, write_jsonl_atomic
 
 
 class ResumeError(ValueError):

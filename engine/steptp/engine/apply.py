@@ -7,13 +7,13 @@ Flow (paper §3.2 "decompose-modify-reassemble"; egglog-notes, recommended archi
 2. Parameters are enumerated in Python from their domains (``params:``), in YAML order;
    a domain may use the site's bindings, earlier parameters and ``let:`` values.
 3. The chosen site and parameters are drawn with the package's seeded generator
-   (:func:`steptp.engine.service.seeded_rng` of ``("stp", rule id, seed)``) - the same seed
+   (:func:`steptp.seeds.seeded_rng` of ``(seed, rule id)``) - the same seed
    gives the same step, bit for bit.
 4. Fresh names are drawn (never colliding with any program or signature name), the
    ``rewrite:`` primitives run in order, and the result is checked: it must differ from
    the input, re-parse to itself, and pass :func:`steptp.leir.analysis.analyze` with the
    unchanged signature.
-5. The CoT is rendered from the actual change (:mod:`steptp.cot`).
+5. The CoT is rendered from the actual change (:mod:`steptp.engine.cot`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from . import patterns as P
 from .domains import DOMAIN_MODIFIERS, DOMAINS
 from .filters import EXTRA_DOMAINS, check_filters, passes_filters, rule_filters
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
-from .service import seeded_rng
+from ..seeds import seeded_rng
 from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
                          eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
                          parse_template, parse_value, program_names, run_primitive, split_as, split_when,
@@ -118,8 +118,8 @@ class Step:
         return self.rule.id
 
 
-def _rng(rule_id: str, seed: int) -> random.Random:
-    return seeded_rng("stp", rule_id, seed)
+def _rng(seed: int, rule_id: str, *purpose) -> random.Random:
+    return seeded_rng(seed, rule_id, *purpose)
 
 
 def _as_rule(rule):
@@ -409,7 +409,7 @@ def apply_rule(rule, module: LeirModule, seed: int = 0, site=None, params: dict 
     cands = [(s, p) for s, p in list_candidates(rule, module)
              if all(p.get(k) == v for k, v in fixed.items())]
     order = list(range(len(cands)))
-    _rng(rule.id + ":retry", seed).shuffle(order)
+    _rng(seed, rule.id, "retry").shuffle(order)
     for k in order:
         s, p = cands[k]
         try:
@@ -423,7 +423,7 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
     sites = find_sites(rule, module)
     if not sites:
         raise NoMatch(_no_match_message(rule, module))
-    rng = _rng(rule.id, seed)
+    rng = _rng(seed, rule.id)
     names = list(rule.params)
     fixed = {k: _normalize_param(v) for k, v in (params or {}).items()}
     unknown = [k for k in fixed if k not in rule.params]
@@ -502,7 +502,7 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
         raise PreflightRejected(f"rule '{rule.id}' at {chosen} with {chosen_params or 'no parameters'} fails the GPU "
                                 f"preflight: {'; '.join(probs)}", probs)
 
-    from ..cot import render_cot
+    from .cot import render_cot
 
     cot = render_cot(rule, module, after, chosen, chosen_params, env, ctx.changes)
     return Step(rule=rule, before=module, after=after, site=chosen, params=chosen_params, cot=cot,

@@ -1,10 +1,6 @@
 """The engine service: candidates of (program, rules, seed, limits), listed and applied under
-time and memory limits, and the one seeded random generator of the package.
+time and memory limits. Its seeded samples use :func:`steptp.seeds.seeded_rng`.
 
-* :func:`seeded_rng` - every seeded draw of the package (``stp dataset``'s candidate order,
-  :func:`steptp.engine.apply_rule`'s site and parameters, the policies' draws, the
-  recogniser's and ``stp rules coverage``'s samples) derives its generator here, from its
-  parts joined with ``:``.
 * :func:`bounded` - one engine call in the current process under a wall-clock limit
   (:func:`steptp.timelimit.time_limit`): what ``stp dataset`` pays per candidate, with no
   process hop.
@@ -24,21 +20,11 @@ The worker keeps the loaded rules and the candidate lists per (program, rule).
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
-def seeded_rng(*parts) -> random.Random:
-    """The package's one seeded generator: ``random.Random(":".join(map(str, parts)))``.
-
-    ``parts`` are anything with a stable ``str`` (the run's seed, a program key, a rule id,
-    a sample index...). Python seeds a ``str`` with its SHA-512 (version 2 seeding, the same
-    on every platform and Python 3 release), so the same parts give the same draws
-    everywhere. ``stp dataset`` derives ``(seed, program key, rule id)`` and ``(seed,
-    program key, "round<k>")`` this way, so its output is unchanged by this helper."""
-    return random.Random(":".join(map(str, parts)))
+from ..seeds import seeded_rng
 
 
 def bounded(fn: Callable, *args, time_s: float = 0.0, what: str = "engine work", **kwargs):
@@ -330,10 +316,10 @@ class EngineService:
             except Exception as e:  # noqa: BLE001 - as the worker reports it: the call failed
                 return e
         from ..backend.errors import BackendError
-        from ..runner.worker import IsolatedRunner
+        from ..runner.pool import shared
 
         if self._runner is None:
-            self._runner = IsolatedRunner()
+            self._runner = shared("engine")
         if self._runner.pid is None:  # a fresh worker imports the engine first, outside the call's limit
             try:
                 self._runner.call(ready, timeout_s=120.0)
@@ -450,5 +436,5 @@ class EngineService:
         return r
 
 
-__all__ = ["seeded_rng", "bounded", "plain", "EngineService", "Applied", "ready", "settle_heap", "GC_THRESHOLDS", "count_candidates",
+__all__ = ["bounded", "plain", "EngineService", "Applied", "ready", "settle_heap", "GC_THRESHOLDS", "count_candidates",
            "apply_candidate", "rule_results"]

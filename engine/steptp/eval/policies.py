@@ -38,9 +38,10 @@ class Answer:
     extra: dict = field(default_factory=dict)
 
 
-class Policy:
-    """Interface: :meth:`answers` returns ``n`` answers for a case. ``threaded`` policies
-    (network-bound) are asked from ``-j`` threads; the others run in the main thread."""
+class AnswerSource:
+    """Where eval answers come from (not a :class:`steptp.policy.Policy`: it answers cases,
+    through :class:`ProposalAnswers` for the policies). Interface: :meth:`answers` returns ``n`` answers for a case. ``threaded`` policies
+    (network-bound) are asked from ``--concurrency`` threads; the others run in the main thread."""
 
     name = "policy"
     threaded = False
@@ -60,7 +61,7 @@ class Policy:
         """Release what the policy holds (a worker process)."""
 
 
-class ProposalAnswers(Policy):
+class ProposalAnswers(AnswerSource):
     """The adapter from a :mod:`steptp.policy` policy (``propose(program, history, k)``) to
     eval answers: the case is the program, with no history. ``per_sample``: ask once per
     sample with ``draw=(...)`` (:meth:`draw`; seeded or recorded policies) rather than once
@@ -152,7 +153,7 @@ class AnswersFilePolicy(ProposalAnswers):
         return Answer("", error=f"no answer for sample {sample} of this case in {self.path.name}")
 
 
-class EnginePolicy(ProposalAnswers):
+class EngineAnswers(ProposalAnswers):
     """Baseline: one rule drawn at random among those that match the program, applied at a
     seeded site with seeded parameters, answered in the dataset's label format with the
     rule's CoT (:class:`steptp.policy.EnginePolicy`, ``pick="rule"``: a worker process with
@@ -162,9 +163,9 @@ class EnginePolicy(ProposalAnswers):
     name = "engine"
 
     def __init__(self, seed: int = 0, rules=None, time_s: float = 10.0):
-        from ..policy import EnginePolicy as Engine
+        from ..policy import EnginePolicy
 
-        super().__init__(Engine(rules, pick="rule", seed=seed, apply_timeout_s=time_s))
+        super().__init__(EnginePolicy(rules, pick="rule", seed=seed, apply_timeout_s=time_s))
         self.seed, self.time_s = seed, time_s
 
     def describe(self) -> dict:
@@ -182,7 +183,7 @@ class EnginePolicy(ProposalAnswers):
         return Answer("", error="engine: no rule applies to this program")
 
 
-class IdentityPolicy(Policy):
+class IdentityPolicy(AnswerSource):
     """Baseline: answers the input program unchanged (well-formed, Diff fails)."""
 
     name = "identity"
@@ -194,4 +195,5 @@ class IdentityPolicy(Policy):
         return [Answer(text) for _ in range(n)]
 
 
-__all__ = ["Case", "Answer", "Policy", "ProposalAnswers", "EndpointPolicy", "AnswersFilePolicy", "EnginePolicy", "IdentityPolicy"]
+__all__ = ["Case", "Answer", "AnswerSource", "ProposalAnswers", "EndpointPolicy", "AnswersFilePolicy", "EngineAnswers",
+           "IdentityPolicy"]

@@ -38,7 +38,7 @@ from pathlib import Path
 from ..leir.printer import format_program
 from .metrics import STAGES, mean_pass_at_k
 from ..faults import INTERNAL_ERROR
-from .policies import Answer, Case, Policy
+from .policies import Answer, AnswerSource, Case
 
 
 class EvalError(RuntimeError):
@@ -87,7 +87,7 @@ def load_cases(inputs: list[str]) -> tuple[list[Case], list[dict]]:
 
 
 def _read_results(path: Path) -> list[dict]:
-    from ..dataset.writers import read_jsonl_lines
+    from ..io import read_jsonl_lines
 
     out = []
     try:
@@ -111,7 +111,7 @@ def _check_run(outdir: Path, run: dict) -> None:
             diff = sorted(k for k in set(old) | set(run) if old.get(k) != run.get(k))
             raise EvalError(f"{outdir} holds a run with other options ({', '.join(diff)}); use another -o")
     else:
-        from ..dataset.writers import write_json_atomic
+        from ..io import write_json_atomic
 
         try:
             outdir.mkdir(parents=True, exist_ok=True)
@@ -124,10 +124,10 @@ class _Scorer:
     """Parse, verify and recognise one sample (main thread: time limits apply)."""
 
     def __init__(self, opts: EvalOptions):
-        from ..backend import IsolatedRunner
+        from ..runner.pool import shared
 
         self.opts = opts
-        self.runner = IsolatedRunner(timeout_s=opts.verify_timeout_s)
+        self.runner = shared("verify", opts.verify_timeout_s)
         self.recognizer = None
         if opts.recognise:
             from .recognize import Recognizer
@@ -219,7 +219,7 @@ class _Scorer:
         return rec
 
 
-def evaluate(inputs: list[str], outdir: str | Path, policy: Policy, opts: EvalOptions | None = None) -> dict:
+def evaluate(inputs: list[str], outdir: str | Path, policy: AnswerSource, opts: EvalOptions | None = None) -> dict:
     """Evaluate ``policy`` on the programs of ``inputs``; writes ``outdir`` (see the module
     docstring) and returns the summary dict (:func:`summarise`).
 
@@ -227,7 +227,7 @@ def evaluate(inputs: list[str], outdir: str | Path, policy: Policy, opts: EvalOp
     :class:`steptp.llm.EndpointError` when the endpoint is unusable (checked once, before
     anything is asked). Hostile answers, request failures and crashing kernels become failed
     samples with their reason."""
-    from ..dataset.writers import JsonlAppender
+    from ..io import JsonlAppender
 
     opts = opts or EvalOptions()
     out = Path(outdir)
@@ -262,7 +262,7 @@ def evaluate(inputs: list[str], outdir: str | Path, policy: Policy, opts: EvalOp
         if close is not None:
             close()
     summary = summarise(_read_results(results_path), cases, opts.samples, skipped, run)
-    from ..dataset.writers import write_json_atomic
+    from ..io import write_json_atomic
     from .report import write_report
 
     write_json_atomic(out / "summary.json", summary)
@@ -270,7 +270,7 @@ def evaluate(inputs: list[str], outdir: str | Path, policy: Policy, opts: EvalOp
     return summary
 
 
-def _ask(policy: Policy, case: Case, missing: list[int]) -> list[tuple[int, Answer]]:
+def _ask(policy: AnswerSource, case: Case, missing: list[int]) -> list[tuple[int, Answer]]:
     """Answers for the missing samples (consecutive runs asked together)."""
     answers: list[tuple[int, Answer]] = []
     n = len(missing)
@@ -281,7 +281,7 @@ def _ask(policy: Policy, case: Case, missing: list[int]) -> list[tuple[int, Answ
     return answers
 
 
-def _run(todo, policy: Policy, scorer: _Scorer, appender, opts: EvalOptions) -> None:
+def _run(todo, policy: AnswerSource, scorer: _Scorer, appender, opts: EvalOptions) -> None:
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), desc="eval", unit="case", disable=not opts.progress, dynamic_ncols=True)

@@ -164,7 +164,7 @@ def variants_of(src, k: int, tmp: Path) -> list[Variant]:
 def dataset_programs(dataset_dir: str | Path) -> set[str]:
     """Canonical LEIR texts of every ``original.leir`` and ``transformed.leir`` of
     ``DATASET_DIR/dictionary.jsonl``. Raises :class:`TestsetError` when it is missing."""
-    from ..dataset.writers import read_jsonl_lines
+    from ..io import read_jsonl_lines
 
     p = Path(dataset_dir) / "dictionary.jsonl"
     if not p.is_file():

@@ -4,7 +4,7 @@ template renders and its tests' LEIR parses."""
 
 from __future__ import annotations
 
-from ..cot import check_template
+from ..engine.cot import check_template
 from ..engine import patterns as P
 from ..engine.apply import let_vars
 from ..engine.filters import EXTRA_DOMAINS, check_filters

@@ -286,7 +286,7 @@ def run_selftests(files: list[str] | None = None, verify: bool = True,
             rewrites.append((r, new_afters))
     echo(f"{n} test(s), {'all passed' if ok else 'FAILURES'}")
     if update:
-        from ..dataset.writers import write_text_atomic
+        from ..io import write_text_atomic
 
         planned = [(Path(r.path), len(a), rewrite_after_texts(Path(r.path).read_bytes().decode("utf-8"), a,
                                                                r.display_source)) for r, a in rewrites]

@@ -1,9 +1,9 @@
 """Seeded verification inputs from tensor specs alone (numpy only).
 
-The numpy core of :func:`steptp.verify.random_inputs` and :func:`steptp.verify.ordered_inputs`:
+The numpy core of :func:`steptp.runner.program_inputs.random_inputs` and :func:`~steptp.runner.program_inputs.ordered_inputs`:
 given each tensor's name, shape, LEIR dtype and whether it is an output, plus the index
 bounds of integer tensors used in subscripts (computed on the build side by
-:func:`steptp.verify.index_bounds`), it draws bit-identical arrays anywhere, so a GPU node
+:func:`steptp.runner.program_inputs.index_bounds`), it draws bit-identical arrays anywhere, so a GPU node
 (:mod:`steptp.gpu.run`) regenerates a pack's inputs from seeds instead of carrying them.
 Distributions: the table in :mod:`steptp.verify`'s docstring. Generator:
 ``numpy.random.default_rng([seed, trial])``, tensors drawn in header order.

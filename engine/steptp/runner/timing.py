@@ -9,7 +9,7 @@ speedup is ``Runtime_original / Runtime_transformed``):
    ``B`` loops serial; :mod:`steptp.backend.perf` explains why), not the poisoned opt-level-0
    verification form; on ``cuda`` the GPU form exported and loaded with the TVM runtime
    (:func:`steptp.backend.perf.export_cuda`, :mod:`steptp.backend.cuda_runtime`).
-2. Inputs: fixed seeded values, ``steptp.verify.random_inputs(signature, seed, 0, [program])``
+2. Inputs: fixed seeded values, ``steptp.runner.program_inputs.random_inputs(signature, seed, 0, [program])``
    (trial 0: floats uniform(-2, 2)); outputs start at zero. Same seed, same inputs, so two
    programs with one signature are timed on identical data.
 3. ``warmup`` calls (default 3, as in the paper), then ``number`` calibration: unless given,
@@ -52,8 +52,8 @@ from typing import Sequence
 import numpy as np
 
 from ..leir.fileformat import LeirModule
+from .device import DEVICES
 
-DEVICES = ("cpu", "cuda")
 #: Calls made before anything is measured (paper App. C.2: three warm-up runs).
 DEFAULT_WARMUP = 3
 #: Measurements per program (the paper uses 3; 10 gives a meaningful IQR / CV).
@@ -170,7 +170,7 @@ def measure(module: LeirModule, device: str = "cpu", *, number: int | None = Non
     * ``number``: calls per measurement; ``None`` calibrates it to ``min_repeat_ms``
       milliseconds (a given ``number`` is raised to that too when ``min_repeat_ms`` > 0).
     * ``repeat``: measurements (>= 1); ``warmup``: calls before measuring (>= 0);
-      ``seed``: of the inputs (:func:`steptp.verify.random_inputs`, trial 0).
+      ``seed``: of the inputs (:func:`steptp.runner.program_inputs.random_inputs`, trial 0).
 
     Returns a :class:`Timing` in microseconds per call (module docstring: methodology,
     threads, cache). Raises ``ValueError`` for bad settings or device,
@@ -204,7 +204,7 @@ def measure(module: LeirModule, device: str = "cpu", *, number: int | None = Non
 
 
 def _inputs(module: LeirModule, seed: int) -> dict:
-    from ..verify import random_inputs  # noqa: PLC0415
+    from .program_inputs import random_inputs  # noqa: PLC0415
 
     return random_inputs(module.signature, seed, 0, [module.program])
 
@@ -305,7 +305,6 @@ def _measure_cuda(module: LeirModule, number, repeat, warmup, min_repeat_ms, see
     return summarize(secs, n, "cuda", 1)
 
 
-_CUDA_RUNNER = None
 
 
 def measure_cuda_here(module_text: str, limits, number, repeat, warmup, min_repeat_ms, seed) -> tuple[list[float], int]:
@@ -431,17 +430,11 @@ def compare_here(text_a: str, text_b: str, device: str, limits, rounds: int, war
 
 
 def _cuda_runner():
-    from .worker import IsolatedRunner  # noqa: PLC0415
+    """The pool's ``"cuda"`` worker (:func:`steptp.runner.pool.shared`), 600 s per call."""
+    from .pool import shared  # noqa: PLC0415
 
-    global _CUDA_RUNNER
-    with _LOCK:
-        if _CUDA_RUNNER is None:
-            import atexit  # noqa: PLC0415
-
-            _CUDA_RUNNER = IsolatedRunner(timeout_s=600.0)
-            atexit.register(_CUDA_RUNNER.close)
-        return _CUDA_RUNNER
+    return shared("cuda", 600.0)
 
 
-__all__ = ["check_performance_form", "Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads", "DEVICES",
+__all__ = ["check_performance_form", "Timing", "measure", "speedup", "Comparison", "compare", "DEFAULT_ROUNDS", "summarize", "cache_info", "clear_cache", "tvm_threads",
            "DEFAULT_WARMUP", "DEFAULT_REPEAT", "DEFAULT_MIN_REPEAT_MS", "NOISY_CV"]

@@ -3,14 +3,14 @@ guided by a policy, every candidate verified against the root program and timed.
 
 Layers (algorithms never know about HTTP, TVM or rules)::
 
-    policies.py    re-exports steptp.policy: Policy.propose(node, history, k) -> [Proposal]:
-                   EnginePolicy (rules, random or static-cost ranking, cost.py), ReplayPolicy
-                   (JSONL), LLMPolicy (chat endpoint, templates/search_prompt.j2)
+    (policies)     steptp.policy, shared with stp eval: Policy.propose(node, history, k) ->
+                   [Proposal]: EnginePolicy (rules, random or static-cost ranking, cost.py),
+                   ReplayPolicy (JSONL), LLMPolicy (chat endpoint, templates/search_prompt.j2)
     costmodel.py   the learned cost model (LightGBM over features.py) for --rank model
     algorithms.py  greedy, beam, bfs, dfs, mcts (UCT), chain, chain-no-parent (the paper's seven)
                    and evolutionary (MetaSchedule-style, model-screened) over a core.Search
     evaluate.py    Measure: verify_pair against the root (3 random + 2 ordered trials), time Equal candidates
-    core.py        Proposal, Node, Search (tree, dedupe, revert rejection, samples, best)
+    core.py        Node, Search (tree, dedupe, revert rejection, samples, best)
     run.py         search_program / search_many: summary.json, best.leir, tree.jsonl, report.md,
                    chat export
 
@@ -21,13 +21,11 @@ Typical use::
 """
 
 from .algorithms import ALGORITHMS, DEFAULTS, run_algorithm
-from .core import Evaluation, Node, Proposal, Search, canonical
+from .core import Evaluation, Node, Search, canonical
 from .evaluate import Measure, TargetUnavailable, cuda_problem
-from .policies import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy, parse_proposals, render_prompt
 from .run import (POLICIES, SearchConfig, SearchInputError, export_chat, search_many, search_program,
                   write_report)
 
-__all__ = ["ALGORITHMS", "DEFAULTS", "run_algorithm", "Evaluation", "Node", "Proposal", "Search", "canonical",
-           "Measure", "TargetUnavailable", "cuda_problem", "EnginePolicy", "LLMPolicy", "ReplayPolicy",
-           "ReplayError", "parse_proposals", "render_prompt", "POLICIES", "SearchConfig", "SearchInputError",
+__all__ = ["ALGORITHMS", "DEFAULTS", "run_algorithm", "Evaluation", "Node", "Search", "canonical",
+           "Measure", "TargetUnavailable", "cuda_problem", "POLICIES", "SearchConfig", "SearchInputError",
            "export_chat", "search_many", "search_program", "write_report"]

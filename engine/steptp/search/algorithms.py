@@ -44,7 +44,6 @@ Every parameter is a keyword argument; :data:`DEFAULTS` lists them per algorithm
 from __future__ import annotations
 
 import math
-import random
 from collections import deque
 
 from .core import Node, Search, log_speedup
@@ -216,7 +215,9 @@ def evolutionary(s: Search, iterations: int = 20, population: int = 4, screen: i
     programs only, so every measured program has a measured parent)."""
     from .core import canonical
 
-    rng = random.Random(seed)
+    from ..seeds import seeded_rng
+
+    rng = seeded_rng(seed, "evolutionary")
     pool: list[tuple[Node, object, str]] = []  # (measured parent, proposal, canonical text)
     pooled: set[str] = set()
     screened: set[int] = set()

@@ -1,5 +1,6 @@
-"""Search state shared by policies, algorithms and the evaluator: :class:`Proposal`,
-:class:`Node`, :class:`Tree` and the :class:`Search` context that algorithms drive.
+"""Search state shared by policies, algorithms and the evaluator: :class:`Node`, the
+:class:`Search` context that algorithms drive, and the evaluator and scorer protocols
+(proposals and policies are :class:`steptp.policy.Proposal` and :class:`steptp.policy.Policy`).
 
 Nothing here knows about HTTP or TVM: a :class:`Search` is given a policy (anything with
 ``propose(node, history, k)``), an evaluator (anything with ``root_time_us`` and
@@ -21,25 +22,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..leir import LeirModule, format_program
+from ..policy import Policy, Proposal
 
 
 def canonical(module: LeirModule) -> str:
     """Canonical program text (the printer's output, no header): the dedupe key."""
     return format_program(module.program)
-
-
-@dataclass
-class Proposal:
-    """One candidate next program: ``module`` (a LeirModule over the root's known
-    tensors), ``strategy`` (a rule id or the model's strategy name), ``site`` (text, or
-    None), ``params`` (JSON-friendly dict) and ``cot`` (the step's chain of thought, '' if
-    none)."""
-
-    module: LeirModule
-    strategy: str
-    site: str | None = None
-    params: dict = field(default_factory=dict)
-    cot: str = ""
 
 
 @dataclass
@@ -59,10 +47,6 @@ class Evaluator(Protocol):
     root_time_us: float
 
     def evaluate(self, module: LeirModule) -> Evaluation: ...
-
-
-class Policy(Protocol):
-    def propose(self, node: "Node", history: list["Node"], k: int) -> list[Proposal]: ...
 
 
 class Scorer(Protocol):

@@ -115,6 +115,15 @@ def estimate_ns(program: A.Program, target: Target | str = "cpu") -> float:
     return total
 
 
+def static_scores(base: A.Program, programs: list[A.Program], target: Target | str = "cpu") -> list[float]:
+    """The static ranking, the one place it is computed: predicted ln speedup of each of
+    ``programs`` over ``base``, ``ln((estimate_ns(base) + 1) / (estimate_ns(p) + 1))``
+    (higher is better). Used by ``EnginePolicy(rank="cost")`` (cheapest candidates first)
+    and by the static scorer (:class:`steptp.search.costmodel.CostScorer`)."""
+    b = estimate_ns(base, target) + 1.0
+    return [math.log(b / (estimate_ns(p, target) + 1.0)) for p in programs]
+
+
 def _nest_ns(nest: A.Nest, outer: tuple[A.Loop, ...], tgt: Target) -> float:
     loops = outer + nest.loops
     t = 0.0

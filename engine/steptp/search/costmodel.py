@@ -45,7 +45,6 @@ metrics); Ke et al., "LightGBM" (NeurIPS 2017).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -130,12 +129,14 @@ class Pair:
     log_speedup: float
 
 
-def _rng(*parts) -> random.Random:
-    return random.Random(int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big"))
+def _rng(seed, *scope) -> random.Random:
+    from ..seeds import seeded_rng
+
+    return seeded_rng(seed, *scope)
 
 
 def _entries(path: Path):
-    from ..dataset.writers import read_jsonl
+    from ..io import read_jsonl
 
     files = [path] if path.is_file() else (sorted(path.glob("dictionary.jsonl"))
                                            + sorted(path.glob("*/dictionary.jsonl")))
@@ -186,7 +187,7 @@ def pairs_of(groups: dict[str, list[tuple[str, float]]], siblings: int = 64, see
             out.append(Pair(orig, trans, orig, -ls))
         sib = [(i, j) for i in range(len(items)) for j in range(len(items)) if i != j]
         if len(sib) > siblings:
-            sib = _rng(seed, "siblings", orig).sample(sib, siblings)
+            sib = _rng(seed, orig, "siblings").sample(sib, siblings)
         for i, j in sib:
             out.append(Pair(orig, items[i][0], items[j][0], items[j][1] - items[i][1]))
     return out
@@ -281,7 +282,7 @@ class CostModel:
 
     def save(self, path: str | Path) -> Path:
         """Write the model (trees, training rows, metadata) as JSON to ``path``."""
-        from ..dataset.writers import write_text_atomic
+        from ..io import write_text_atomic
 
         if self.booster is None:
             raise CostModelError("the model is not trained")
@@ -409,14 +410,14 @@ def evaluate(groups: dict[str, list[tuple[str, float]]], score, k: int = 3) -> d
 
 
 def static_score(target: str = "cpu"):
-    """``score(base_text, cand_texts)`` of the static model: ln(est(base) / est(cand))."""
+    """``score(base, cands)`` of the static model (:func:`steptp.search.cost.static_scores`)
+    over program texts or parsed programs: ln(est(base) / est(cand))."""
     from ..leir import parse_program
-    from .cost import estimate_ns
+    from .cost import static_scores
 
     def score(base, cands):
-        b = estimate_ns(parse_program(base) if isinstance(base, str) else base, target) + 1.0
-        return [math.log(b / (estimate_ns(parse_program(c) if isinstance(c, str) else c, target) + 1.0))
-                for c in cands]
+        return static_scores(parse_program(base) if isinstance(base, str) else base,
+                             [parse_program(c) if isinstance(c, str) else c for c in cands], target)
 
     return score
 
@@ -444,7 +445,7 @@ class RandomScorer:
         """A seeded random number per proposal (a function of the seed, node and program)."""
         from .core import canonical
 
-        return [_rng(self.seed, "score", node.text, canonical(p.module)).random() for p in proposals]
+        return [_rng(self.seed, node.text, canonical(p.module), "score").random() for p in proposals]
 
 
 class CostScorer:

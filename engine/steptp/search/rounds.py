@@ -114,7 +114,7 @@ def _state_path(out: Path) -> Path:
 
 
 def _save(out: Path, state: dict) -> None:
-    from ..dataset.writers import write_json_atomic  # noqa: PLC0415
+    from ..io import write_json_atomic  # noqa: PLC0415
 
     _state_path(out).parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(_state_path(out), state)
@@ -142,9 +142,10 @@ def _load_state(out: Path, programs: list[dict], cfg: RoundConfig) -> dict:
 
 
 def _verify(root: LeirModule, cand: LeirModule, cfg: RoundConfig) -> bool:
-    from ..verify import default_runner, verify_pair  # noqa: PLC0415
+    from ..runner.pool import shared  # noqa: PLC0415
+    from ..verify import verify_pair  # noqa: PLC0415
 
-    res = verify_pair(root, cand, seed=cfg.seed, timeout_s=cfg.timeout_s, runner=default_runner())
+    res = verify_pair(root, cand, seed=cfg.seed, timeout_s=cfg.timeout_s, runner=shared("verify", cfg.timeout_s))
     return bool(res.ok)
 
 
@@ -189,7 +190,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
 def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: int) -> list[dict]:
     """The candidates of one program for this round, verified and screened (module docstring)."""
     from ..search.cost_gpu import estimate_gpu_ns  # noqa: PLC0415
-    from ..engine.service import seeded_rng  # noqa: PLC0415
+    from ..seeds import seeded_rng  # noqa: PLC0415
 
     root = parse_leir(prog["root"])
     rng = seeded_rng(cfg.seed, name, "rounds", str(round_no))
@@ -215,7 +216,7 @@ def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: 
 
 
 def _write_round(out: Path, k: int, entries: list[dict], write_pack: Callable[[Path, Path], dict]) -> Path:
-    from ..dataset.writers import write_jsonl_atomic  # noqa: PLC0415
+    from ..io import write_jsonl_atomic  # noqa: PLC0415
 
     d = out / "rounds" / str(k)
     d.mkdir(parents=True, exist_ok=True)
@@ -320,7 +321,7 @@ def _consume(state: dict, d: Path, records: dict[str, dict], cfg: RoundConfig) -
 def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: RoundConfig) -> list[dict]:
     """``summary.json`` per program (in ``OUT/<program>/``), the combined ``summary.json`` and
     ``report.md`` from the re-time round's records."""
-    from ..dataset.writers import write_json_atomic  # noqa: PLC0415
+    from ..io import write_json_atomic  # noqa: PLC0415
 
     summaries = []
     retime = (state.get("pending") or {}).get("retime", {})

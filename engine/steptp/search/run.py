@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dataset.writers import write_text_atomic as _write_atomic
+from ..io import write_text_atomic as _write_atomic
 from ..leir import LeirModule, save_leir
 from .algorithms import ALGORITHMS, DEFAULTS, run_algorithm
 from .core import Node, Search, Timer
@@ -80,8 +80,18 @@ class SearchConfig:
 
     @property
     def rank_kind(self) -> str:
-        """``random``, ``cost`` or ``model`` (without the model path)."""
-        return self.rank.partition(":")[0]
+        """``random``, ``cost`` or ``model`` (without the model path), read by
+        :func:`steptp.search.costmodel.parse_rank` (``ValueError`` for anything else)."""
+        from .costmodel import parse_rank
+
+        return parse_rank(self.rank)[0]
+
+    @property
+    def rank_model(self) -> str | None:
+        """The model file of ``--rank model:PATH``, else None."""
+        from .costmodel import parse_rank
+
+        return parse_rank(self.rank)[1]
 
     @property
     def target(self) -> str:
@@ -216,7 +226,7 @@ def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, sc
     With ``--rank model`` and one of the paper's seven algorithms the engine policy is wrapped
     in a :class:`~steptp.search.costmodel.ScreeningPolicy` (``cfg.screen`` candidates
     screened per node by ``scorer``); ``evolutionary`` screens by itself."""
-    from .policies import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy
+    from ..policy import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy
 
     if cfg.policy == "engine":
         static = cfg.rank_kind == "cost" and cfg.algorithm != "evolutionary"
@@ -351,7 +361,7 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
         except Exception as e:  # noqa: BLE001 - the comparison is informative only
             summary["eager_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     if scorer is not None:
-        summary["scorer"] = {"kind": type(scorer).__name__, **({"model": cfg.rank.partition(":")[2] or None}
+        summary["scorer"] = {"kind": type(scorer).__name__, **({"model": cfg.rank_model}
                                                                 if cfg.rank_kind == "model" else {}),
                              **{k: (round(v, 3) if isinstance(v, float) else v)
                                 for k, v in (getattr(scorer, "stats", None) or {}).items()}}
@@ -630,7 +640,7 @@ def chat_record(summary: dict, signature, rules=None, device: str | None = None)
     without steps."""
     from ..leir import parse_program
     from ..resources import render
-    from .policies import render_prompt, strategy_table
+    from ..policy import render_prompt, strategy_table
 
     traj = summary.get("trajectory") or []
     if len(traj) < 2:

@@ -32,15 +32,15 @@ from pathlib import Path
 
 import jinja2
 
-from .leir import ast as A
-from .leir.fileformat import LeirModule
-from .leir.printer import format_assign, format_expr, format_loops, format_nest
-from .engine.match import Site, display
-from .engine.primitives import Change, expr_at, get_item, iter_tensors
+from ..leir import ast as A
+from ..leir.fileformat import LeirModule
+from ..leir.printer import format_assign, format_expr, format_loops, format_nest
+from .match import Site, display
+from .primitives import Change, expr_at, get_item, iter_tensors
 
 
 def _loader_for(rule) -> jinja2.BaseLoader:
-    from .resources import templates_dir
+    from ..resources import templates_dir
 
     dirs = []
     if getattr(rule, "path", None):

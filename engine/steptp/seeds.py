@@ -1,0 +1,40 @@
+"""The one seed derivation of the package: every seeded draw gets its generator here.
+
+:func:`seeded_rng` joins its parts with ``:`` and seeds ``random.Random`` with that text.
+Python seeds a ``str`` with its SHA-512 (version 2 seeding, the same on every platform and
+Python 3 release), so the same parts give the same draws everywhere.
+
+One order of parts, the order ``stp dataset`` has always used (so its files are unchanged):
+
+1. the run's seed (``--seed``);
+2. the program the draw is about, when it is about one (a source key, a canonical program
+   text, a case id);
+3. the rule, when it is about one (a rule id);
+4. what the draw is for and its counters (``"round2"``, ``"follow-up"``, ``"cap"``,
+   ``"draw"``, a sample index...).
+
+Users: ``stp dataset`` (candidate order ``(seed, program key, rule id)``, derived rounds
+``(seed, program key, "round<k>")``, follow-ups ``(seed, program key, "follow-up", rule id)``),
+:func:`steptp.engine.apply_rule` (``(seed, rule id)``: site and parameters;
+``(seed, rule id, "retry")``: the order of the candidates tried after a GPU-preflight
+rejection), the engine policy (:mod:`steptp.policy`), the recogniser of ``stp eval`` and
+``stp rules coverage`` (through :mod:`steptp.engine.service`), the cost model's samples
+(:mod:`steptp.search.costmodel`) and the evolutionary search. This module imports nothing
+from the package, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def seeded_rng(seed, *scope) -> random.Random:
+    """The generator of one seeded draw: ``random.Random(":".join(map(str, (seed, *scope))))``.
+
+    ``seed``: the run's seed (any value with a stable ``str``, normally an ``int``);
+    ``scope``: the program, the rule, then the purpose and counters, in that order (module
+    docstring), each with a stable ``str``. Never raises for such values."""
+    return random.Random(":".join(map(str, (seed, *scope))))
+
+
+__all__ = ["seeded_rng"]
