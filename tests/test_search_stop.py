@@ -29,7 +29,11 @@ def test_sigterm_keeps_the_samples_and_the_rerun_resumes(tmp_path):
     cmd = [str(STP), "search", str(ROOT / "examples" / "softmax.leir"), str(ROOT / "examples" / "gelu.leir"), "-o",
            str(out), "-n", "200", "-q"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(20)  # the first program is being searched (200 iterations take minutes)
+    # the first program's search has started (its directory exists) and is past its start-up
+    deadline = time.monotonic() + 240
+    while not (out / "softmax").exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.5)
+    time.sleep(20)  # 200 iterations take minutes: it is searching now
     assert p.poll() is None
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=300)

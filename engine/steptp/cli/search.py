@@ -169,6 +169,12 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                        replay=str(replay) if replay else None, progress=not quiet, time_limit_s=time_limit)
     errors: list[str] = []
     info: dict = {}
+    import signal
+
+    def _interrupt(signum, frame):  # outside a running search (which stops itself): as Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         sms = search_many([str(p) for p in programs], out, cfg, client=client,
                           on_error=lambda p, m: errors.append(m), run_info=info)
