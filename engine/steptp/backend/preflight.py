@@ -281,10 +281,11 @@ def _private_per_iteration(lid: LoopId, w: str, inside: list[EqContext], all_ctx
 
 def reduction_combiner(eq: A.Assign) -> str | None:
     """The commutative combiner of an accumulation ``X = X + v`` / ``X * v`` / ``max(X, v)`` /
-    ``min(X, v)`` (``v`` first also counts, ``v`` must not read ``X``): ``"+"``, ``"*"``,
-    ``"max"`` or ``"min"``; ``None`` for anything else (``X = X - v``, a plain store...).
-    These are the reducers TVM's ``LowerCrossThreadReduction`` matches (with the float
-    ``-inf``/``inf`` identities of :func:`steptp.backend.build.register_inf_reducers`)."""
+    ``min(X, v)`` (``v`` must not read ``X``): ``"+"``, ``"*"``, ``"max"`` or ``"min"``;
+    ``None`` for anything else (``X = X - v``, a plain store, and ``X`` as the second operand:
+    TVM 0.27 matches the reducer syntactically, ``v + X`` is "No matched reducer"). These are
+    the reducers TVM's ``LowerCrossThreadReduction`` matches (with the float ``-inf``/``inf``
+    identities of :func:`steptp.backend.build.register_inf_reducers`)."""
     t, val = eq.target, eq.value
     if isinstance(val, A.BinOp) and val.op in ("+", "*"):
         op, args = val.op, (val.lhs, val.rhs)
@@ -292,12 +293,9 @@ def reduction_combiner(eq: A.Assign) -> str | None:
         op, args = val.func, tuple(val.args)
     else:
         return None
-    if args[0] == t:
-        other = args[1]
-    elif args[1] == t:
-        other = args[0]
-    else:
+    if args[0] != t:
         return None
+    other = args[1]
     if any(r.name == t.name for r in tensor_refs(other)):
         return None
     return op
@@ -313,7 +311,8 @@ def cross_thread_problem(lid: LoopId, c: EqContext) -> str | None:
     silently) and (3) every loop inside the bound loop is a reduction axis of the equation
     (otherwise tvm.compile fails: "reduction-related loops ... the deepest")."""
     if reduction_combiner(c.eq) is None:
-        return "a cross-thread reduction needs an accumulation X=X+v, X=X*v, max(X,v) or min(X,v)"
+        return ("a cross-thread reduction needs an accumulation X=X+v, X=X*v, max(X,v) or min(X,v) "
+                "(accumulator first)")
     spatial = [l.var for _, l in c.loops if l.var not in c.sem.reduction_axes]
     ext = {l.var: l.extent for _, l in c.loops}
     if c.sem.init is None or not subscript_injective(c.eq.target, spatial, ext):
