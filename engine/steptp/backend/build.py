@@ -157,9 +157,11 @@ def cuda_target(arch: str = DEFAULT_GPU.arch, host: str = "c"):
     device CUDA C (the host module is never run), the device source is byte-identical with
     an ``llvm`` host, and the C host costs 14 ms per kernel against 33 ms for LLVM (tested;
     measured on three example programs). Pass ``host="llvm"`` for a module that a GPU
-    machine will load and launch."""
+    machine will load and launch. Every CUDA compilation takes its target from here, so this
+    also registers the ``-inf``/``inf`` max/min reducers (:func:`register_inf_reducers`)."""
     from tvm.target import Target  # noqa: PLC0415
 
+    register_inf_reducers()
     return Target({"kind": "cuda", "arch": arch}, host=host)
 
 
@@ -540,8 +542,58 @@ def adopt_gpu_form(cpu_text: str, cuda_text: str) -> bool:
 # ---------------------------------------------------------------------------
 
 
+_INF_REDUCERS: list = []
+
+
+def register_inf_reducers() -> None:
+    """Teach TVM's reducer matching the float ``max``/``min`` reductions with the identities
+    ``-inf``/``+inf`` that LEIR's implicit initialisation uses (idempotent).
+
+    TVM 0.27 recognises a cross-thread reduction (a reduction axis bound to ``threadIdx``,
+    lowered by ``LowerCrossThreadReduction`` to a warp-shuffle / shared-memory all-reduce)
+    only when the block's init equals the identity of a registered reducer; its built-in
+    ``max`` reducer has the identity ``min_value(dtype)`` (-3.4e38 for float32), so
+    ``with T.init(): D[v] = T.float32("-inf")`` fails with "No matched reducer". Registering
+    ``max(x, y)`` with ``-inf`` (and ``min`` with ``+inf``) for float dtypes keeps the exact
+    LEIR semantics on both targets (integer dtypes keep ``min_value``/``max_value``).
+    Source: TVM ``s_tir.schedule.RegisterReducer`` (global function, no Python wrapper).
+    The two getters are deliberately leaked (one extra Python reference each): the registry
+    is a C++ static that would otherwise release Python callables after the interpreter
+    has finalised (abort on exit, "double free or corruption")."""
+    if _INF_REDUCERS:
+        return
+    import ctypes  # noqa: PLC0415
+    import math as _m  # noqa: PLC0415
+
+    import tvm_ffi  # noqa: PLC0415
+
+    tirx = _tvm().tirx
+    register = tvm_ffi.get_global_func("s_tir.schedule.RegisterReducer", allow_missing=True)
+    if register is None:
+        _INF_REDUCERS.append(None)
+        return
+
+    def identity(inf: float, fallback):
+        def get(values):
+            dt = str(values[0].ty)
+            return [tirx.FloatImm(dt, inf) if "float" in dt else fallback(dt)]
+        return get
+
+    pairs = [(lambda x, y: [tirx.max(x[0], y[0])], identity(-_m.inf, tirx.min_value)),
+             (lambda x, y: [tirx.min(x[0], y[0])], identity(_m.inf, tirx.max_value))]
+    for combiner, ident in pairs:
+        fs = [tvm_ffi.convert(combiner), tvm_ffi.convert(ident)]
+        for f in fs:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(f))
+        register(1, fs[0], fs[1])
+        _INF_REDUCERS.extend(fs)
+
+
 def compile_cuda_text(text: str, arch: str = DEFAULT_GPU.arch) -> str:
     """CUDA C source of TVMScript ``text`` (``tvm.compile`` with the CUDA target; no nvcc).
+    A reduction axis bound to ``threadIdx`` becomes TVM's cross-thread all-reduce (warp
+    shuffles, shared memory beyond one warp); float max/min reductions with ``-inf``/``inf``
+    identities are matched through :func:`register_inf_reducers`.
     Raises :class:`BuildError` when TVM fails or produces no device code."""
     tvm = _tvm()
     func = parse_tvmscript(text)
@@ -813,4 +865,4 @@ def nvcc_check(sources: Sequence, limits: GpuLimits = DEFAULT_GPU, batch: bool =
 
 __all__ = ["CPU_TARGET", "cuda_target", "np_dtype", "is_tvmscript", "parse_tvmscript", "ParamSpec", "CpuKernel",
            "build_cpu", "run_cpu", "run_lowered", "gpu_form", "adopt_gpu_form", "compile_cuda_text", "cuda_source",
-           "nvcc_path", "NvccResult", "NVCC_FLAGS", "nvcc_check"]
+           "register_inf_reducers", "nvcc_path", "NvccResult", "NVCC_FLAGS", "nvcc_check"]

@@ -27,7 +27,9 @@ and loop, not a TIR node):
     written inside it: a reduction over ``blockIdx``, a race, or a read of another
     thread's value in the same step (the GPU's answer then differs from the sequential
     LEIR semantics the CPU verifies). Reductions over ``threadIdx`` are allowed (TVM emits
-    a cross-thread all-reduce), and so are ``shared`` (per block) / ``local`` (per thread)
+    a cross-thread all-reduce) when :func:`cross_thread_problem` finds nothing (a sum,
+    product, max or min accumulation, initialised by its own equation, with only reduction
+    loops inside the bound loop), and so are ``shared`` (per block) / ``local`` (per thread)
     tensors that each iteration writes before reading (a tile staged in shared memory);
   - a ``shared``/``local`` intermediate used by more than one kernel (such memory does not
     outlive a kernel), or accessed across blocks (shared) / threads (local);
@@ -277,6 +279,54 @@ def _private_per_iteration(lid: LoopId, w: str, inside: list[EqContext], all_ctx
     return True
 
 
+def reduction_combiner(eq: A.Assign) -> str | None:
+    """The commutative combiner of an accumulation ``X = X + v`` / ``X * v`` / ``max(X, v)`` /
+    ``min(X, v)`` (``v`` must not read ``X``): ``"+"``, ``"*"``, ``"max"`` or ``"min"``;
+    ``None`` for anything else (``X = X - v``, a plain store, and ``X`` as the second operand:
+    TVM 0.27 matches the reducer syntactically, ``v + X`` is "No matched reducer"). These are
+    the reducers TVM's ``LowerCrossThreadReduction`` matches (with the float ``-inf``/``inf``
+    identities of :func:`steptp.backend.build.register_inf_reducers`)."""
+    t, val = eq.target, eq.value
+    if isinstance(val, A.BinOp) and val.op in ("+", "*"):
+        op, args = val.op, (val.lhs, val.rhs)
+    elif isinstance(val, A.Call) and val.func in ("max", "min") and len(val.args) == 2:
+        op, args = val.func, tuple(val.args)
+    else:
+        return None
+    if args[0] != t:
+        return None
+    other = args[1]
+    if any(r.name == t.name for r in tensor_refs(other)):
+        return None
+    return op
+
+
+def cross_thread_problem(lid: LoopId, c: EqContext) -> str | None:
+    """Why equation ``c`` cannot be a cross-thread reduction over the ``threadIdx`` loop
+    ``lid`` (``None``: it can). TVM 0.27 lowers a reduction axis bound to ``threadIdx`` to
+    an all-reduce (``LowerCrossThreadReduction``: warp shuffles, shared memory across warps)
+    only if (1) the update is a known combiner (:func:`reduction_combiner`), (2) the block
+    initialises the accumulator itself (``T.init``: the equation's implicit initialisation
+    with an injective target; without it TVM emits every thread's ``X = X + v`` as a race,
+    silently) and (3) every loop inside the bound loop is a reduction axis of the equation
+    (otherwise tvm.compile fails: "reduction-related loops ... the deepest")."""
+    if reduction_combiner(c.eq) is None:
+        return ("a cross-thread reduction needs an accumulation X=X+v, X=X*v, max(X,v) or min(X,v) "
+                "(accumulator first)")
+    spatial = [l.var for _, l in c.loops if l.var not in c.sem.reduction_axes]
+    ext = {l.var: l.extent for _, l in c.loops}
+    if c.sem.init is None or not subscript_injective(c.eq.target, spatial, ext):
+        return ("a cross-thread reduction must initialise its accumulator in the same equation "
+                "(the tensor is written before, or its subscript is not injective)")
+    ids = [x for x, _ in c.loops]
+    inner = [l for _, l in c.loops[ids.index(lid) + 1:] if l.extent > 1]
+    bad = [l.var for l in inner if l.var not in c.sem.reduction_axes]
+    if bad:
+        return (f"loop(s) {', '.join(bad)} inside the bound reduction loop are not reduction axes "
+                "(TVM needs the reduction loops innermost)")
+    return None
+
+
 def concurrent_loop_problems(lid: LoopId, loop: A.Loop, ctxs: list[EqContext], word: str,
                              reduction_ok: bool = False, private: dict[str, bool] | None = None) -> list[str]:
     """Problems of running the iterations of loop ``lid`` concurrently (P, V, B loops).
@@ -314,6 +364,11 @@ def concurrent_loop_problems(lid: LoopId, loop: A.Loop, ctxs: list[EqContext], w
             users = [c for c in inside if any(t.name == w for t in accesses(c.eq))]
             only_reductions = all(c in reduced[w] for c in users)
             if reduction_ok and only_reductions:
+                why = next((r for r in (cross_thread_problem(lid, x) for x in reduced[w]) if r), None)
+                if why is None:
+                    continue
+                problems.append(f"{word} {v} (nest {nest}) runs over a reduction axis of equation "
+                                f"{reduced[w][0].where()}: {why}")
                 continue
             c = reduced[w][0]
             if loop.kind == "V":
@@ -576,4 +631,5 @@ def preflight(module_or_program, signature: Signature | None = None, limits: Gpu
 
 
 __all__ = ["coerce_module", "analyze_or_raise", "EqContext", "eq_contexts", "accesses", "linear_form",
-           "subscript_injective", "concurrent_loop_problems", "loop_hazards", "gpu_problems", "preflight"]
+           "subscript_injective", "concurrent_loop_problems", "reduction_combiner", "cross_thread_problem",
+           "loop_hazards", "gpu_problems", "preflight"]
