@@ -133,7 +133,8 @@ def test_eval_some_internal_errors_exit_0_and_timeouts(tmp_path):
     ok = [x for x in _rows(out / "results.jsonl") if x["error"] is None]
     assert len(ok) == 1 and ok[0]["stage"] == "parse" and not ok[0]["diff"]  # identity: parsed, Diff fails
     help_text = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
-    assert "--request-timeout" in help_text and "per verification" in help_text
+    flat = " ".join(help_text.split())
+    assert "--request-timeout" in help_text and "Seconds: time limit of one verification check" in flat
 
 
 # ---- stp search -----------------------------------------------------------------------------

@@ -17,9 +17,14 @@ Users: ``stp dataset`` (candidate order ``(seed, program key, rule id)``, derive
 ``(seed, program key, "round<k>")``, follow-ups ``(seed, program key, "follow-up", rule id)``),
 :func:`steptp.engine.apply_rule` (``(seed, rule id)``: site and parameters;
 ``(seed, rule id, "retry")``: the order of the candidates tried after a GPU-preflight
-rejection), the engine policy (:mod:`steptp.policy`), the recogniser of ``stp eval`` and
-``stp rules coverage`` (through :mod:`steptp.engine.service`), the cost model's samples
-(:mod:`steptp.search.costmodel`) and the evolutionary search. This module imports nothing
+rejection), the engine policy (:mod:`steptp.policy`), the recogniser of ``stp eval``
+(through :mod:`steptp.engine.service`), the cost model's samples
+(:mod:`steptp.search.costmodel`) and the evolutionary search. One exception: ``stp rules
+coverage`` draws with ``(seed, rule id, program name)``, rule before program, as it always
+has, so its tables stay unchanged. The dataset's chat-set filters and mutants
+(:mod:`steptp.dataset.difficulty`, :mod:`steptp.dataset.pipeline`,
+:mod:`steptp.dataset.mutants`) and the corpus generator keep their own seeded generators, so
+the dataset's files stay byte-identical. This module imports nothing
 from the package, so every layer may use it.
 """
 

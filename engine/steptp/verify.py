@@ -61,41 +61,35 @@ from .leir.printer import format_program
 # Tolerances: the one rule lives in steptp.runner.tolerance (it also runs on GPU nodes that
 # have only numpy); re-exported here.
 from .runner.tolerance import (TOLERANCES, _compare_float, _error_and_bound, _mismatch_detail, _rms,  # noqa: E402,F401
-                               _to_numpy, compare, dtype_code, excess_ratio)
+                               _to_numpy, compare, dtype_code, excess_ratio, poison_array, poisoned_index)
 
 
 def poisoned_elements(outputs: Mapping[str, np.ndarray], signature: Signature) -> str:
     """'' when no floating-point output holds the poison pattern of
-    :data:`steptp.backend.tvmscript.POISON_BITS`, else a sentence naming the first output
+    :data:`steptp.runner.tolerance.POISON_BITS`, else a sentence naming the first output
     and element that does: it was never written, or was computed from an element of an
     intermediate/output that was never written (outputs and intermediates start poisoned
-    in verification runs)."""
-    from .backend.tvmscript import POISON_BITS
-
+    in verification runs). The check is :func:`steptp.runner.tolerance.poisoned_index`."""
     for t in signature.outputs:
-        dt = tvm_dtype(t.dtype)
-        if dt not in POISON_BITS or t.name not in outputs:
+        if t.name not in outputs:
             continue
-        bits_t, bits = POISON_BITS[dt]
-        a = np.ascontiguousarray(outputs[t.name])
-        hit = a.view(np.dtype(bits_t)) == bits
-        if hit.any():
-            idx = tuple(int(i) for i in np.argwhere(hit)[0]) if a.ndim else ()
-            return (f"output {t.name} element {idx} ({int(hit.sum())} in all) was never written or was computed "
+        hit = poisoned_index(outputs[t.name], tvm_dtype(t.dtype))
+        if hit is not None:
+            idx, n = hit
+            return (f"output {t.name} element {idx} ({n} in all) was never written or was computed "
                     f"from an element that was never written (poisoned-buffer run)")
     return ""
 
 
 def poison_outputs(signature: Signature) -> dict[str, np.ndarray]:
-    """Output arrays filled with the poison NaN of their dtype (non-float outputs: zeros)."""
-    from .backend.tvmscript import POISON_BITS
-
+    """Output arrays filled with the poison NaN of their dtype
+    (:func:`steptp.runner.tolerance.poison_array`); outputs without one (integers, bool) are
+    left out."""
     out = {}
     for t in signature.outputs:
-        dt = tvm_dtype(t.dtype)
-        if dt in POISON_BITS:
-            bits_t, bits = POISON_BITS[dt]
-            out[t.name] = np.full(tuple(t.shape), bits, dtype=np.dtype(bits_t)).view(np_dtype(dt))
+        a = poison_array(t.shape, tvm_dtype(t.dtype))
+        if a is not None:
+            out[t.name] = a
     return out
 
 

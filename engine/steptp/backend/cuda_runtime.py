@@ -874,38 +874,55 @@ def time_function(module, device: str, args: Sequence, *, number: int, repeat: i
 
 
 
-def time_interleaved(a: tuple, b: tuple, device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
-                     max_number: int = 1_000_000) -> tuple[list[float], list[float], int]:
-    """Interleaved timing of two loaded functions on ``device``: ``a`` and ``b`` are
-    ``(module, func name, args)``. ``warmup`` calls of each, then ``number`` calibrated so that
-    one measurement of the faster lasts ``min_repeat_ms`` (1 when 0; at most ``max_number``),
-    then ``rounds`` rounds of one :func:`time_function` measurement of each, in the order
-    A B, B A, A B ... (drift hits both alike; on ``cuda`` each measurement starts from a
-    flushed L2, :func:`l2_flush_bytes`). Returns (seconds per call of A per round, of B
-    per round, number). The one timing loop of ``stp time`` / ``dataset --time`` / search
-    (:func:`steptp.runner.timing.compare`) and of GPU packs (:mod:`steptp.gpu.run`). Raises
-    :class:`ExecError` on a fault."""
+def time_rounds(fns: Sequence[tuple], device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
+                max_number: int = 1_000_000, number: int | None = None) -> tuple[list[list[float]], int]:
+    """The one calibrated timing loop of the package, for one or more loaded functions on
+    ``device``; each of ``fns`` is ``(module, func name, args)``.
+
+    ``warmup`` calls of each; then ``number`` calls per measurement: with ``min_repeat_ms``
+    > 0 enough that one measurement of the fastest lasts that many milliseconds (probed with
+    3 single calls each; at least ``number`` when given, at most ``max_number``), else
+    ``number`` (1 when None); then ``rounds`` rounds of one :func:`time_function`
+    measurement of each, the order reversed every other round (A B, B A, A B ...: drift hits
+    all alike; on ``cuda`` each measurement starts from a flushed L2,
+    :func:`l2_flush_bytes`). Returns (seconds per call, one list per function with one value
+    per round; number). Used by :func:`time_interleaved` (two functions: ``stp time``,
+    ``dataset --time``, search, GPU packs) and :func:`steptp.runner.timing.measure` (one).
+    Raises :class:`ExecError` on a fault."""
     try:
-        for mod, func, args in (a, b):
+        for mod, func, args in fns:
             for _ in range(warmup):
                 mod[func](*args)
         sync(device)
     except Exception as e:  # noqa: BLE001
         raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
     flush = l2_flush_bytes(device)
-    probe = min(min(time_function(mod, device, args, number=1, repeat=3, func=func, flush_bytes=flush))
-                for mod, func, args in (a, b))
-    number = min(max_number, max(1, math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9)))) if min_repeat_ms else 1
-    ta: list[float] = []
-    tb: list[float] = []
+    if min_repeat_ms > 0:
+        probe = min(min(time_function(mod, device, args, number=1, repeat=3, func=func, flush_bytes=flush))
+                    for mod, func, args in fns)
+        want = math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9))
+        number = min(max_number, max(number or 1, want))
+    number = number or 1
+    times: list[list[float]] = [[] for _ in fns]
+    order = list(zip(fns, times))
     for r in range(rounds):
-        order = ((a, ta), (b, tb))
         for (mod, func, args), acc in (order if r % 2 == 0 else order[::-1]):
             acc.append(time_function(mod, device, args, number=number, repeat=1, func=func, flush_bytes=flush)[0])
+    return times, number
+
+
+def time_interleaved(a: tuple, b: tuple, device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
+                     max_number: int = 1_000_000) -> tuple[list[float], list[float], int]:
+    """Interleaved timing of two loaded functions on ``device`` (``a`` and ``b`` are
+    ``(module, func name, args)``): :func:`time_rounds` of the pair. Returns (seconds per
+    call of A per round, of B per round, number). Raises :class:`ExecError` on a fault."""
+    (ta, tb), number = time_rounds((a, b), device, rounds=rounds, warmup=warmup, min_repeat_ms=min_repeat_ms,
+                                   max_number=max_number)
     return ta, tb, number
+
 
 __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",
            "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
            "device_arch", "arch_level", "l2_cache_bytes", "l2_flush_bytes", "SIM_L2_ENV", "SIM_L2_BYTES", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
-           "register_ptx_cache", "time_interleaved", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
+           "register_ptx_cache", "time_rounds", "time_interleaved", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
            "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]

@@ -217,24 +217,14 @@ def _params(module: LeirModule):
 
 def _run_protocol(mod, device: str, args: list, number: int | None, repeat: int, warmup: int,
                   min_repeat_ms: float) -> tuple[list[float], int]:
-    """Warm-up calls, ``number`` calibration, then ``time_evaluator``; returns (seconds per
-    call per measurement, number)."""
-    from ..backend.cuda_runtime import _short, sync, time_function  # noqa: PLC0415
-    from ..backend.errors import ExecError  # noqa: PLC0415
+    """One program through the one timing loop (:func:`steptp.backend.cuda_runtime.time_rounds`):
+    warm-up calls, ``number`` calibration, ``repeat`` measurements; returns (seconds per call
+    per measurement, number)."""
+    from ..backend.cuda_runtime import time_rounds  # noqa: PLC0415
 
-    f = mod["main"]
-    try:
-        for _ in range(warmup):
-            f(*args)
-        sync(device)
-    except Exception as e:  # noqa: BLE001
-        raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
-    if min_repeat_ms > 0:
-        probe = min(time_function(mod, device, args, number=1, repeat=3))
-        want = math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9))
-        number = min(MAX_NUMBER, max(number or 1, want))
-    number = number or 1
-    return time_function(mod, device, args, number=number, repeat=repeat), number
+    (secs,), number = time_rounds([(mod, "main", args)], device, rounds=repeat, warmup=warmup,
+                                  min_repeat_ms=min_repeat_ms, max_number=MAX_NUMBER, number=number)
+    return secs, number
 
 
 _FORM_CHECKED: "OrderedDict[tuple, str]" = OrderedDict()
