@@ -780,6 +780,28 @@ def from_device(t, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
     return out
 
 
+def copy_into(t, arr: np.ndarray) -> None:
+    """Copy ``arr`` into the runtime tensor ``t`` allocated by :func:`to_device` (same shape,
+    dtype and byte size; no allocation: a long-lived runner refills its tensors this way)."""
+    a = np.require(arr, requirements="C")
+    _global("runtime.TVMTensorCopyFromBytes")(t, a.ctypes.data_as(ctypes.c_void_p), a.nbytes)
+
+
+def launch(built: Built, module, args: Sequence) -> None:
+    """Call ``module[built.func](*args)`` (``args``: runtime tensors in ``built.params`` order)
+    and wait for the device. On the simulated device the injected faults apply first
+    (:func:`_sim_launch_check`). Raises :class:`ExecError` with the CUDA / TVM error text."""
+    try:
+        if built.device == "cuda" and simulated():
+            _sim_launch_check(built)
+        module[built.func](*args)
+        sync(built.device)
+    except ExecError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ExecError(f"kernel execution failed on {built.device}: {_short(e)}") from None
+
+
 def _dtype_name(dt: np.dtype) -> str:
     return "bfloat16" if dt.name == "bfloat16" else str(dt)
 
@@ -908,4 +930,4 @@ __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_
            "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
            "device_arch", "arch_level", "l2_cache_bytes", "l2_flush_bytes", "SIM_L2_ENV", "SIM_L2_BYTES", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
            "register_ptx_cache", "time_interleaved", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
-           "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]
+           "to_device", "from_device", "copy_into", "launch", "sync", "device_args", "run_module", "time_function"]
