@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sim", action="store_true", help="pack without the simulated device's builds (no run)")
     ap.add_argument("--time", action="store_true", help="run with --time")
     ap.add_argument("-j", "--jobs", type=int, default=None, help="runner workers (newer runners only)")
+    ap.add_argument("--no-eager", action="store_true", help="run without PyTorch eager timings (newer runners only)")
+    ap.add_argument("--run-only", action="store_true", help="reuse the pack already in --keep DIR (no build)")
     ap.add_argument("--limit", type=int, default=None, help="pack only the first N entries")
     ap.add_argument("--keep", type=Path, default=None, help="write the pack and results here (default: a temp dir)")
     a = ap.parse_args(argv)
@@ -52,11 +54,14 @@ def main(argv=None) -> int:
     cmd += ["--no-sim"] if a.no_sim else []
     cmd += ["--limit", str(a.limit)] if a.limit else []
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    build_s = time.perf_counter() - t0
-    if r.returncode != 0:
-        print(r.stderr[-2000:], file=sys.stderr)
-        return 1
+    if a.run_only:
+        build_s = float("nan")
+    else:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        build_s = time.perf_counter() - t0
+        if r.returncode != 0:
+            print(r.stderr[-2000:], file=sys.stderr)
+            return 1
     m = json.loads((pack / "manifest.json").read_text())
     total = _size(pack)
     print(f"pack: {len(m['entries'])} entries, {total / 2**20:.2f} MB, built in {build_s:.1f} s "
@@ -69,6 +74,12 @@ def main(argv=None) -> int:
     help_text = subprocess.run([str(STP), "gpu", "run", "--help"], capture_output=True, text=True, env=env).stdout
     if a.jobs and "--jobs" in help_text:
         cmd += ["-j", str(a.jobs)]
+    if a.no_eager and "--no-eager" in help_text:
+        cmd += ["--no-eager"]
+    if res.exists():
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(res)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     run_s = time.perf_counter() - t0

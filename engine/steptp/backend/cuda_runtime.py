@@ -301,11 +301,31 @@ def driver_version() -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _preload_nvrtc() -> str | None:
+    """Load the CUDA 13 ``libnvrtc`` of the ``nvidia-cuda-nvrtc`` wheel (``RTLD_GLOBAL``) from
+    the first ``sys.path`` entry holding ``nvidia/cu13/lib/libnvrtc.so.13``; returns its path
+    or None. ``cuda-bindings`` (cuda-pathfinder) searches only ``site.getsitepackages()``, so a
+    venv layered over another one's packages (a ``.pth``), ``PYTHONPATH`` or ``pip install
+    --target`` leave the wheel's library unfound; once loaded, cuda-bindings uses it."""
+    for d in sys.path:
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"):
+            f = Path(d or ".") / sub / "libnvrtc.so.13"
+            if f.is_file():
+                try:
+                    ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
+                    return str(f)
+                except OSError:
+                    continue
+    return None
+
+
 def cuda_compiler() -> str | None:
     """``nvcc`` when on the PATH, else ``nvrtc`` when ``cuda.bindings.nvrtc`` imports and
     finds ``libnvrtc``, else None: what :func:`compile_ptx` would use."""
     if nvcc_path() is not None:
         return "nvcc"
+    _preload_nvrtc()
     try:
         from cuda.bindings import nvrtc  # noqa: PLC0415
 
@@ -439,6 +459,7 @@ def compiler_tag(compiler: str | None = None) -> str:
         except (OSError, subprocess.TimeoutExpired):
             tag = "nvcc-unknown"
     elif compiler == "nvrtc":
+        _preload_nvrtc()
         try:
             from cuda.bindings import nvrtc  # noqa: PLC0415
 
@@ -475,6 +496,7 @@ def cuda_include_dirs() -> list[str]:
 
 
 def _nvrtc_ptx(cuda_source: str, arch: str) -> bytes:
+    _preload_nvrtc()
     from cuda.bindings import nvrtc  # noqa: PLC0415
 
     def check(res, what):
