@@ -304,7 +304,8 @@ def driver_version() -> int | None:
 @functools.lru_cache(maxsize=1)
 def _preload_nvrtc() -> str | None:
     """Load the CUDA 13 ``libnvrtc`` of the ``nvidia-cuda-nvrtc`` wheel (``RTLD_GLOBAL``) from
-    the first ``sys.path`` entry holding ``nvidia/cu13/lib/libnvrtc.so.13``; returns its path
+    the first ``sys.path`` entry holding ``nvidia/cu13/lib/libnvrtc.so.13`` (and its
+    ``libnvrtc-builtins``, which it opens by name when compiling); returns its path
     or None. ``cuda-bindings`` (cuda-pathfinder) searches only ``site.getsitepackages()``, so a
     venv layered over another one's packages (a ``.pth``), ``PYTHONPATH`` or ``pip install
     --target`` leave the wheel's library unfound; once loaded, cuda-bindings uses it."""
@@ -312,7 +313,10 @@ def _preload_nvrtc() -> str | None:
         for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"):
             f = Path(d or ".") / sub / "libnvrtc.so.13"
             if f.is_file():
-                try:
+                try:  # the builtins first: libnvrtc opens them by name at compile time
+                    for b in sorted(f.parent.glob("libnvrtc-builtins.so.13*")):
+                        if ".alt." not in b.name:
+                            ctypes.CDLL(str(b), mode=ctypes.RTLD_GLOBAL)
                     ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
                     return str(f)
                 except OSError:
