@@ -163,6 +163,9 @@ class _Run:
                 self.ready[okey].set()
         finally:
             runner.close()
+            for okey in okeys:  # the thread stopped early (a defect): those programs stay unchecked
+                self.ref_status.setdefault(okey, {"ok": False, "reason": "CPU references not computed (the reference "
+                                                                         "thread stopped)"})
             for ev in self.ready.values():
                 ev.set()
 
