@@ -421,3 +421,23 @@ def test_no_compiler_at_all_is_one_failing_line(tmp_path):
     r = run(sys.executable, "-c", code, env={**os.environ, "PATH": _path_without_nvcc()}, cwd=tmp_path)
     assert r.returncode == 1, r.stdout[-2000:]
     assert "needs a CUDA compiler: no nvcc on PATH and no NVRTC" in r.stdout, r.stdout[-2000:]
+
+
+def test_gpu_workers_are_pinned_to_one_gpu_each(monkeypatch):
+    """Worker i of a run sees GPU i mod n only (CUDA_VISIBLE_DEVICES while it starts), its
+    replacement after a discard too, and the driver's own environment is left as it was."""
+    from steptp.gpu.run import _PinnedRunner, gpu_slots
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    monkeypatch.delenv("STP_CUDA_SIM", raising=False)
+    assert gpu_slots() == ["2", "5"]
+    monkeypatch.setenv("STP_CUDA_SIM", "1")
+    assert gpu_slots() == ["0"]  # the simulated device: one slot
+    r = _PinnedRunner(60, "5")
+    try:
+        assert r.call(os.getenv, "CUDA_VISIBLE_DEVICES") == "5"
+        r.discard()
+        assert r.call(os.getenv, "CUDA_VISIBLE_DEVICES") == "5"
+    finally:
+        r.close()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,5"

@@ -77,14 +77,16 @@ def run(pack_dir: Path = typer.Argument(..., help="Pack directory (stp gpu pack)
         time_it: bool = typer.Option(False, "--time", help="Time original vs transformed, interleaved."),
         deadline_s: Optional[float] = typer.Option(None, "--deadline-s", help="Stop cleanly after this many seconds."),
         timeout: float = typer.Option(120.0, "--timeout", help="Limit of one entry's work in the worker, seconds."),
-        jobs: int = typer.Option(1, "-j", "--jobs", min=1, help="GPU worker processes (one per GPU by default: 1)."),
+        jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1,
+                                           help="GPU worker processes (default: one per GPU), spread over the GPUs."),
         no_eager: bool = typer.Option(False, "--no-eager", help="Do not time PyTorch eager beside .py programs."),
         compile_: bool = typer.Option(False, "--compile", help="Also time torch.compile (warm-up outside timing)."),
         quiet: bool = typer.Option(False, "-q", "--quiet")):
     """Run a pack here: the same as `python -m steptp.gpu.run PACK -o OUT` on a GPU node."""
     from ..gpu.run import main
 
-    args = [str(pack_dir), "-o", str(outdir), "--timeout", str(timeout), "-j", str(jobs)]
+    args = [str(pack_dir), "-o", str(outdir), "--timeout", str(timeout)]
+    args += ["-j", str(jobs)] if jobs is not None else []
     args += ["--time"] if time_it else []
     args += ["--no-eager"] if no_eager else []
     args += ["--compile"] if compile_ else []

@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -110,6 +111,43 @@ def _done_ids(path: Path) -> set:
 
 
 _STOP = object()
+_ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around a worker's start only
+
+
+class _PinnedRunner(IsolatedRunner):
+    """An :class:`IsolatedRunner` whose worker, and every replacement of it, sees one GPU
+    (``CUDA_VISIBLE_DEVICES=visible`` while it starts); ``visible`` None: the parent's view."""
+
+    def __init__(self, timeout_s: float, visible: str | None):
+        super().__init__(timeout_s=timeout_s)
+        self.visible = visible
+
+    def start(self) -> None:
+        if self.visible is None or (self._proc is not None and self._proc.is_alive()):
+            return super().start()
+        with _ENV_LOCK:
+            old = os.environ.get("CUDA_VISIBLE_DEVICES")
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.visible
+            try:
+                super().start()
+            finally:
+                if old is None:
+                    del os.environ["CUDA_VISIBLE_DEVICES"]
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+def gpu_slots() -> list[str]:
+    """The GPUs workers are spread over: the entries of ``CUDA_VISIBLE_DEVICES`` when set,
+    else ``0 .. n-1`` for the driver's ``n`` devices; one slot (``0``) on the simulated device
+    or when the driver reports none."""
+    if cr.simulated():
+        return ["0"]
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        return [d.strip() for d in env.split(",") if d.strip()] or ["0"]
+    n, _ = cr.cuda_devices()
+    return [str(i) for i in range(max(1, n))]
 
 
 class _Run:
@@ -170,9 +208,10 @@ class _Run:
                 ev.set()
 
     # -- GPU ------------------------------------------------------------------------------
-    def gpu(self) -> None:
-        """GPU thread: program groups from the queue, in chunks, through one worker."""
-        runner = IsolatedRunner(timeout_s=self.per_call_s)
+    def gpu(self, visible: str | None = None) -> None:
+        """GPU thread: program groups from the queue, in chunks, through one worker (on GPU
+        ``visible`` when given)."""
+        runner = _PinnedRunner(self.per_call_s, visible)
         try:
             while True:
                 item = self.work.get()
@@ -298,10 +337,11 @@ def _bar(total: int, progress: bool):
 
 def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: bool = False,
              deadline_s: float | None = None, per_call_s: float = 120.0, rounds: int = 8, min_ms: float = 2.0,
-             progress: bool = True, jobs: int = 1, eager: bool = True, compile_: bool = False,
+             progress: bool = True, jobs: int | None = None, eager: bool = True, compile_: bool = False,
              chunk: int = 16) -> dict:
     """Run every entry of ``pack`` not yet in ``results/results.jsonl`` (module docstring)
-    with ``jobs`` GPU workers, ``chunk`` entries per worker call; ``per_call_s``: time limit
+    with ``jobs`` GPU workers (default: one per GPU, :func:`gpu_slots`; worker ``i`` sees GPU
+    ``i mod n`` only), ``chunk`` entries per worker call; ``per_call_s``: time limit
     of one entry's work in a worker (seconds). Returns the summary (also written to
     ``summary.json`` and ``report.md``). Raises :class:`PackRunError` for a bad pack and for
     a machine that cannot run it (one line)."""
@@ -333,6 +373,11 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
     name = "simulated (CPU builds)" if cr.simulated() else cr.device_name(0)
     opts = {"timing": timing, "rounds": rounds, "min_ms": min_ms, "eager": eager, "compile": compile_,
             "device_name": name, "arch": arch or m["arch"]}
+    slots = gpu_slots()
+    jobs = jobs or len(slots)
+    if timing and jobs > len(slots):
+        print(f"note: {jobs} workers share {len(slots)} GPU(s): timings of workers on one GPU disturb each other",
+              file=sys.stderr)
     run = _Run(pack, m, str(out / "references"), opts, jobs=jobs, per_call_s=per_call_s, deadline_s=deadline_s,
                chunk=chunk)
     groups: dict[str, list[dict]] = {}
@@ -346,7 +391,9 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
     for k, es in groups.items():
         run.work.put((k, es))
     threads = [run.threading.Thread(target=run.references, args=(need,), daemon=True)] if need else []
-    threads += [run.threading.Thread(target=run.gpu, daemon=True) for _ in range(run.jobs)]
+    pin = len(slots) > 1
+    threads += [run.threading.Thread(target=run.gpu, args=(slots[i % len(slots)] if pin else None,), daemon=True)
+                for i in range(run.jobs)]
     for _ in range(run.jobs):
         run.work.put(_STOP)
     bar = _bar(len(todo), progress)
@@ -509,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="limit of one run in the worker, seconds")
     ap.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds (--time)")
     ap.add_argument("--min-ms", type=float, default=2.0, help="length of one timing measurement, milliseconds")
-    ap.add_argument("-j", "--jobs", type=int, default=1, help="GPU worker processes (default 1: one per GPU)")
+    ap.add_argument("-j", "--jobs", type=int, default=None,
+                    help="GPU worker processes (default: one per GPU), spread over the GPUs")
     ap.add_argument("--no-eager", action="store_true", help="do not time PyTorch eager beside the programs")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (warm-up outside the timing)")
     ap.add_argument("--chunk", type=int, default=16, help="entries per worker call")
@@ -518,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         a = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    for flag, v in (("--jobs", a.jobs), ("--rounds", a.rounds), ("--chunk", a.chunk)):
+    for flag, v in (("--jobs", 1 if a.jobs is None else a.jobs), ("--rounds", a.rounds), ("--chunk", a.chunk)):
         if v < 1:
             print(f"error: {flag} {v}: must be at least 1", file=sys.stderr)
             return 2
