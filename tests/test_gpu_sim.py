@@ -300,14 +300,15 @@ def test_pack_run_runtime_only_then_merge(sim, tmp_path):
     assert r.returncode == 0 and json.loads((res / "summary.json").read_text())["ran_now"] == 1
     assert len([json.loads(x) for x in (res / "results.jsonl").read_text().splitlines()]) == n
 
-    # where torch imports (this interpreter), PyTorch eager is timed beside every entry of the .py
-    # program, on the simulated device's CPU; two workers
+    # where torch imports (this interpreter), PyTorch eager and torch.compile are timed beside
+    # every entry of the .py program, on the simulated device's CPU; two workers
     res2 = tmp_path / "res2"
-    r = run(STP, "gpu", "run", pack, "-o", res2, "-j", "2", "-q", env=sim)
+    r = run(STP, "gpu", "run", pack, "-o", res2, "-j", "2", "--compile", "-q", env=sim)
     assert r.returncode == 0, r.stderr
     assert "torch does not import" not in r.stderr
     recs2 = [json.loads(x) for x in (res2 / "results.jsonl").read_text().splitlines()]
     assert len(recs2) == n and all(x["eager_us"] > 0 for x in recs2), [x.get("eager") for x in recs2]
+    assert all(x["compile_us"] > 0 and x["eager"]["original_us"] > 0 for x in recs2)
     assert {x["id"] for x in recs2 if not x["transformed"]["equal"]} == {wrong["id"]}
     s2 = json.loads((res2 / "summary.json").read_text())
     assert s2["eager_programs"] == 1 and s2["jobs"] == 2
