@@ -79,6 +79,9 @@ def run(pack_dir: Path = typer.Argument(..., help="Pack directory (stp gpu pack)
         timeout: float = typer.Option(120.0, "--timeout", help="Limit of one entry's work in the worker, seconds."),
         jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1,
                                            help="GPU worker processes (default: one per GPU), spread over the GPUs."),
+        ref_jobs: Optional[int] = typer.Option(None, "--ref-jobs", min=1,
+                                               help="CPU workers computing the references (default: half the CPUs, "
+                                                    "1 to 8)."),
         no_eager: bool = typer.Option(False, "--no-eager", help="Do not time PyTorch eager beside .py programs."),
         compile_: bool = typer.Option(False, "--compile", help="Also time torch.compile (warm-up outside timing)."),
         quiet: bool = typer.Option(False, "-q", "--quiet")):
@@ -87,6 +90,7 @@ def run(pack_dir: Path = typer.Argument(..., help="Pack directory (stp gpu pack)
 
     args = [str(pack_dir), "-o", str(outdir), "--timeout", str(timeout)]
     args += ["-j", str(jobs)] if jobs is not None else []
+    args += ["--ref-jobs", str(ref_jobs)] if ref_jobs is not None else []
     args += ["--time"] if time_it else []
     args += ["--no-eager"] if no_eager else []
     args += ["--compile"] if compile_ else []

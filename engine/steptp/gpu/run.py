@@ -182,30 +182,34 @@ class _Run:
         return lim if left is None else max(1.0, min(lim, left))
 
     # -- references ---------------------------------------------------------------------
-    def references(self, okeys: list[str]) -> None:
-        """Reference thread: every program's CPU references, in the order the GPU needs them."""
+    def references(self, todo) -> None:
+        """Reference thread (one of ``ref_jobs``): CPU references of the programs taken from
+        the queue ``todo``, in the order the GPU needs them, through one CPU worker."""
+        import queue  # noqa: PLC0415
+
         from .node import prepare_references  # noqa: PLC0415
 
         runner = IsolatedRunner(timeout_s=self.per_call_s)
         try:
-            for okey in okeys:
-                if self.left() is not None and self.left() <= 1.0:
-                    st = {"ok": False, "reason": "deadline"}
-                else:
-                    try:
+            while True:
+                try:
+                    okey = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    if self.left() is not None and self.left() <= 1.0:
+                        st = {"ok": False, "reason": "deadline"}
+                    else:
                         st = runner.call(prepare_references, self.pack, self.refdir, okey,
                                          timeout_s=self.limit(2), discard_on_error=True)
-                    except BackendError as e:
-                        st = {"ok": False, "reason": f"original program failed on this CPU (exec): {e.reason}"}
+                except BackendError as e:
+                    st = {"ok": False, "reason": f"original program failed on this CPU (exec): {e.reason}"}
+                except Exception as e:  # noqa: BLE001  (a defect: that program stays unchecked, the run goes on)
+                    st = {"ok": False, "reason": f"CPU references not computed ({type(e).__name__}: {e})"}
                 self.ref_status[okey] = st
                 self.ready[okey].set()
         finally:
             runner.close()
-            for okey in okeys:  # the thread stopped early (a defect): those programs stay unchecked
-                self.ref_status.setdefault(okey, {"ok": False, "reason": "CPU references not computed (the reference "
-                                                                         "thread stopped)"})
-            for ev in self.ready.values():
-                ev.set()
 
     # -- GPU ------------------------------------------------------------------------------
     def gpu(self, visible: str | None = None) -> None:
@@ -338,10 +342,11 @@ def _bar(total: int, progress: bool):
 def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: bool = False,
              deadline_s: float | None = None, per_call_s: float = 120.0, rounds: int = 8, min_ms: float = 2.0,
              progress: bool = True, jobs: int | None = None, eager: bool = True, compile_: bool = False,
-             chunk: int = 16) -> dict:
+             chunk: int = 16, ref_jobs: int | None = None) -> dict:
     """Run every entry of ``pack`` not yet in ``results/results.jsonl`` (module docstring)
     with ``jobs`` GPU workers (default: one per GPU, :func:`gpu_slots`; worker ``i`` sees GPU
-    ``i mod n`` only), ``chunk`` entries per worker call; ``per_call_s``: time limit
+    ``i mod n`` only), ``chunk`` entries per worker call, ``ref_jobs`` CPU workers computing
+    the references (default: half the CPUs, 1 to 8); ``per_call_s``: time limit
     of one entry's work in a worker (seconds). Returns the summary (also written to
     ``summary.json`` and ``report.md``). Raises :class:`PackRunError` for a bad pack and for
     a machine that cannot run it (one line)."""
@@ -390,7 +395,14 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
             run.ready[k].set()
     for k, es in groups.items():
         run.work.put((k, es))
-    threads = [run.threading.Thread(target=run.references, args=(need,), daemon=True)] if need else []
+    import queue  # noqa: PLC0415
+
+    ref_todo: "queue.Queue" = queue.Queue()
+    for k in need:
+        ref_todo.put(k)
+    ref_jobs = max(1, min(ref_jobs or max(1, min(8, (os.cpu_count() or 2) // 2)), len(need) or 1))
+    threads = [run.threading.Thread(target=run.references, args=(ref_todo,), daemon=True)
+               for _ in range(ref_jobs if need else 0)]
     pin = len(slots) > 1
     threads += [run.threading.Thread(target=run.gpu, args=(slots[i % len(slots)] if pin else None,), daemon=True)
                 for i in range(run.jobs)]
@@ -402,7 +414,8 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
         for t in threads:
             t.start()
         with open(path, "a", encoding="utf-8") as fh:
-            while any(t.is_alive() for t in threads[bool(need):]) or not run.results.empty():
+            gpu_threads = threads[ref_jobs if need else 0:]
+            while any(t.is_alive() for t in gpu_threads) or not run.results.empty():
                 try:
                     rec = run.results.get(timeout=0.2)
                 except Exception:  # noqa: BLE001  (queue.Empty)
@@ -425,6 +438,7 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
     summary["worker_restarts"] = run.restarts  # workers discarded after a CUDA error or a time-out
     summary["retried_entries"] = run.retries
     summary["jobs"] = run.jobs
+    summary["reference_jobs"] = ref_jobs if need else 0
     summary["references"] = "stored" if not need else "computed on the node"
     summary["reference_seconds"] = round(sum(float(s.get("seconds", 0.0)) for s in run.ref_status.values()), 3)
     summary["reference_digest_mismatches"] = sorted(k for k, s in run.ref_status.items()
@@ -561,12 +575,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-eager", action="store_true", help="do not time PyTorch eager beside the programs")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (warm-up outside the timing)")
     ap.add_argument("--chunk", type=int, default=16, help="entries per worker call")
+    ap.add_argument("--ref-jobs", type=int, default=None,
+                    help="CPU worker processes computing the references (default: half the CPUs, 1 to 8)")
     ap.add_argument("-q", "--quiet", action="store_true")
     try:
         a = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    for flag, v in (("--jobs", 1 if a.jobs is None else a.jobs), ("--rounds", a.rounds), ("--chunk", a.chunk)):
+    for flag, v in (("--jobs", 1 if a.jobs is None else a.jobs), ("--rounds", a.rounds), ("--chunk", a.chunk),
+                    ("--ref-jobs", 1 if a.ref_jobs is None else a.ref_jobs)):
         if v < 1:
             print(f"error: {flag} {v}: must be at least 1", file=sys.stderr)
             return 2
@@ -577,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = run_pack(a.pack, a.out, timing=a.time, deadline_s=a.deadline_s, per_call_s=a.timeout,
                      rounds=a.rounds, min_ms=a.min_ms, progress=not a.quiet, jobs=a.jobs, eager=not a.no_eager,
-                     compile_=a.compile, chunk=a.chunk)
+                     compile_=a.compile, chunk=a.chunk, ref_jobs=a.ref_jobs)
     except PackRunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
