@@ -301,11 +301,35 @@ def driver_version() -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _preload_nvrtc() -> str | None:
+    """Load the CUDA 13 ``libnvrtc`` of the ``nvidia-cuda-nvrtc`` wheel (``RTLD_GLOBAL``) from
+    the first ``sys.path`` entry holding ``nvidia/cu13/lib/libnvrtc.so.13`` (and its
+    ``libnvrtc-builtins``, which it opens by name when compiling); returns its path
+    or None. ``cuda-bindings`` (cuda-pathfinder) searches only ``site.getsitepackages()``, so a
+    venv layered over another one's packages (a ``.pth``), ``PYTHONPATH`` or ``pip install
+    --target`` leave the wheel's library unfound; once loaded, cuda-bindings uses it."""
+    for d in sys.path:
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"):
+            f = Path(d or ".") / sub / "libnvrtc.so.13"
+            if f.is_file():
+                try:  # the builtins first: libnvrtc opens them by name at compile time
+                    for b in sorted(f.parent.glob("libnvrtc-builtins.so.13*")):
+                        if ".alt." not in b.name:
+                            ctypes.CDLL(str(b), mode=ctypes.RTLD_GLOBAL)
+                    ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
+                    return str(f)
+                except OSError:
+                    continue
+    return None
+
+
 def cuda_compiler() -> str | None:
     """``nvcc`` when on the PATH, else ``nvrtc`` when ``cuda.bindings.nvrtc`` imports and
     finds ``libnvrtc``, else None: what :func:`compile_ptx` would use."""
     if nvcc_path() is not None:
         return "nvcc"
+    _preload_nvrtc()
     try:
         from cuda.bindings import nvrtc  # noqa: PLC0415
 
@@ -439,6 +463,7 @@ def compiler_tag(compiler: str | None = None) -> str:
         except (OSError, subprocess.TimeoutExpired):
             tag = "nvcc-unknown"
     elif compiler == "nvrtc":
+        _preload_nvrtc()
         try:
             from cuda.bindings import nvrtc  # noqa: PLC0415
 
@@ -475,6 +500,7 @@ def cuda_include_dirs() -> list[str]:
 
 
 def _nvrtc_ptx(cuda_source: str, arch: str) -> bytes:
+    _preload_nvrtc()
     from cuda.bindings import nvrtc  # noqa: PLC0415
 
     def check(res, what):
@@ -780,6 +806,28 @@ def from_device(t, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
     return out
 
 
+def copy_into(t, arr: np.ndarray) -> None:
+    """Copy ``arr`` into the runtime tensor ``t`` allocated by :func:`to_device` (same shape,
+    dtype and byte size; no allocation: a long-lived runner refills its tensors this way)."""
+    a = np.require(arr, requirements="C")
+    _global("runtime.TVMTensorCopyFromBytes")(t, a.ctypes.data_as(ctypes.c_void_p), a.nbytes)
+
+
+def launch(built: Built, module, args: Sequence) -> None:
+    """Call ``module[built.func](*args)`` (``args``: runtime tensors in ``built.params`` order)
+    and wait for the device. On the simulated device the injected faults apply first
+    (:func:`_sim_launch_check`). Raises :class:`ExecError` with the CUDA / TVM error text."""
+    try:
+        if built.device == "cuda" and simulated():
+            _sim_launch_check(built)
+        module[built.func](*args)
+        sync(built.device)
+    except ExecError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ExecError(f"kernel execution failed on {built.device}: {_short(e)}") from None
+
+
 def _dtype_name(dt: np.dtype) -> str:
     return "bfloat16" if dt.name == "bfloat16" else str(dt)
 
@@ -925,4 +973,4 @@ __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_
            "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
            "device_arch", "arch_level", "l2_cache_bytes", "l2_flush_bytes", "SIM_L2_ENV", "SIM_L2_BYTES", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
            "register_ptx_cache", "time_rounds", "time_interleaved", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
-           "to_device", "from_device", "sync", "device_args", "run_module", "time_function"]
+           "to_device", "from_device", "copy_into", "launch", "sync", "device_args", "run_module", "time_function"]

@@ -21,12 +21,17 @@ def pack(inputs: List[Path] = typer.Argument(..., help="Dataset directories (dic
          limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Pack only the first N entries."),
          trials: int = typer.Option(3, "--trials", min=1, help="Random trials (plus 2 ordered ones)."),
          no_sim: bool = typer.Option(False, "--no-sim", help="Leave out the CPU builds of the simulated device "
-                                                             "(a real GPU node does not need them; half the size)."),
+                                                             "(a real GPU node does not need them); the originals' "
+                                                             "reference builds always stay."),
+         store_references: bool = typer.Option(False, "--store-references",
+                                               help="Also store the CPU reference outputs (large), for a node whose "
+                                                    "CPU cannot run x86-64 code."),
          quiet: bool = typer.Option(False, "-q", "--quiet")):
     """Build every entry's original and transformed GPU form (and CPU form, for the simulator) in
-    batched libraries with their PTX, store the CPU references, input seeds and digests, copy TVM's
-    runtime libraries and the runtime-only runner: a directory `python -m steptp.gpu.run` runs on a
-    GPU node with only numpy and apache-tvm-ffi."""
+    batched libraries with their PTX, the originals' verification-form CPU builds (the node computes
+    the references), input seeds and digests, the PyTorch files of .py programs, TVM's runtime
+    libraries and the runtime-only runner: a directory `python -m steptp.gpu.run` runs on a GPU node
+    with only numpy and apache-tvm-ffi. Prints the pack's size."""
     from tqdm import tqdm
 
     from ..backend.cuda_runtime import arch_level
@@ -49,7 +54,7 @@ def pack(inputs: List[Path] = typer.Argument(..., help="Dataset directories (dic
 
     try:
         s = build_pack([str(p) for p in inputs], outdir, arch=arch, trials=trials, batch=batch, limit=limit,
-                       sim=not no_sim, progress=progress)
+                       sim=not no_sim, store_references=store_references, progress=progress)
     except PackError as e:
         fail(str(e))
     except BuildError as e:
@@ -60,6 +65,8 @@ def pack(inputs: List[Path] = typer.Argument(..., help="Dataset directories (dic
         for b in bars.values():
             b.close()
     typer.echo(json.dumps(s, indent=1))
+    typer.echo(f"pack: {s['entries']} entries, {s['bytes'] / 2**20:.1f} MB in {outdir} "
+               f"(references {s['references']})", err=True)
     if s["entries"] == 0:
         fail(f"no entry could be packed ({s['skipped']} skipped: see {outdir}/manifest.json)", 1)
 
@@ -69,13 +76,24 @@ def run(pack_dir: Path = typer.Argument(..., help="Pack directory (stp gpu pack)
         outdir: Path = typer.Option(..., "-o", "--out", help="Results directory (resumable)."),
         time_it: bool = typer.Option(False, "--time", help="Time original vs transformed, interleaved."),
         deadline_s: Optional[float] = typer.Option(None, "--deadline-s", help="Stop cleanly after this many seconds."),
-        timeout: float = typer.Option(120.0, "--timeout", help="Limit of one run in the worker, seconds."),
+        timeout: float = typer.Option(120.0, "--timeout", help="Limit of one entry's work in the worker, seconds."),
+        jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1,
+                                           help="GPU worker processes (default: one per GPU), spread over the GPUs."),
+        ref_jobs: Optional[int] = typer.Option(None, "--ref-jobs", min=1,
+                                               help="CPU workers computing the references (default: half the CPUs, "
+                                                    "1 to 8)."),
+        no_eager: bool = typer.Option(False, "--no-eager", help="Do not time PyTorch eager beside .py programs."),
+        compile_: bool = typer.Option(False, "--compile", help="Also time torch.compile (warm-up outside timing)."),
         quiet: bool = typer.Option(False, "-q", "--quiet")):
     """Run a pack here: the same as `python -m steptp.gpu.run PACK -o OUT` on a GPU node."""
     from ..gpu.run import main
 
     args = [str(pack_dir), "-o", str(outdir), "--timeout", str(timeout)]
+    args += ["-j", str(jobs)] if jobs is not None else []
+    args += ["--ref-jobs", str(ref_jobs)] if ref_jobs is not None else []
     args += ["--time"] if time_it else []
+    args += ["--no-eager"] if no_eager else []
+    args += ["--compile"] if compile_ else []
     args += ["--deadline-s", str(deadline_s)] if deadline_s is not None else []
     args += ["-q"] if quiet else []
     code = main(args)

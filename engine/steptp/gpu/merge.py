@@ -4,7 +4,9 @@ Every entry of ``DATASET/dictionary.jsonl`` that the run (``RESULTS/results.json
 :mod:`steptp.gpu.run`) checked gets ``verification_gpu`` (``device``, ``device_name``,
 ``arch``, ``exec``, ``equal``, ``max_abs_err``, ``reason``, ``first_call_ms``, whether the
 original also matched on the GPU, and ``agrees_with_cpu``) and, when timed, ``timing_gpu``
-(``original_us``, ``transformed_us``, ``speedup`` with its interval and verdict). The CPU
+(``original_us``, ``transformed_us``, ``speedup`` with its interval and verdict) and, when
+PyTorch eager was timed beside the program, ``eager_gpu`` (``eager_us``, ``compile_us``,
+``original_us``: microseconds per call, measured interleaved). The CPU
 ``verification`` is left as it is; ``stp report`` lists the entries whose verdicts differ.
 The file is rewritten atomically (a temporary file renamed over it), so an interrupted merge
 leaves the dataset as it was; merging again replaces the fields.
@@ -58,6 +60,9 @@ def merge(results: str | os.PathLike, dataset: str | os.PathLike) -> dict:
                 "original_equal": bool(orig.get("equal")), "agrees_with_cpu": r.get("agree")}
             merged += 1
             dis += r.get("agree") is False
+            if r.get("eager_us") is not None:
+                e["eager_gpu"] = {"eager_us": r["eager_us"], "compile_us": r.get("compile_us"),
+                                  "original_us": (r.get("eager") or {}).get("original_us")}
             if (r.get("timing") or {}).get("speedup") is not None:
                 e["timing_gpu"] = r["timing"]
                 timed += 1

@@ -11,15 +11,23 @@ pack carries)::
                               kernel.so (host code + CUDA C), kernel.cu, manifest.json and, unless
                               --no-sim, sim/kernel.so (the CPU builds the simulated device runs)
     PACK/ptx/<key>.ptx.gz     PTX of every library (gzipped), keyed by (source, arch, compiler, flags)
-    PACK/data/<program>.npz   the CPU reference outputs of each original, per trial
+    PACK/refs/libN/           the originals' verification-form CPU builds (the x86-64 objects
+                              ``stp verify`` runs: LLVM opt-level 0, intermediates poisoned),
+                              batched like the GPU libraries: the node computes the references
+    PACK/py/<sha1>.py         the PyTorch file of every original that came from a ``.py``
+                              (the node times PyTorch eager on the same inputs when torch imports)
+    PACK/data/<program>.npz   only with ``--store-references``: the CPU reference outputs, per
+                              trial (for a node whose CPU cannot run x86-64 code)
     PACK/lib/                 libtvm_runtime.so, libtvm_runtime_cuda.so (from the apache-tvm wheel)
     PACK/python/steptp/       the runtime-only modules (gpu.run, backend.cuda_runtime,
                               runner.{inputs,tolerance,worker,stats}); nothing else
 
-Inputs are not stored: the node regenerates them from the seeds with
-:mod:`steptp.runner.inputs` and checks them against the stored SHA1 digests. References and
-allowances come from :func:`steptp.verify.reference_data`: the same trials (3 random + 2
-ordered), the same rule (:mod:`steptp.runner.tolerance`) as CPU verification.
+Neither inputs nor outputs are stored by default: the node regenerates the inputs from the
+seeds with :mod:`steptp.runner.inputs`, checks them against the stored SHA1 digests, runs the
+original's reference build on its CPU and checks those outputs against the SHA1 digests of the
+build side's (:func:`steptp.verify.reference_data`: the same trials, 3 random + 2 ordered).
+The rounding allowances (a few floats per output) are stored; the comparison is the one rule
+of :mod:`steptp.runner.tolerance`, as in CPU verification.
 """
 
 from __future__ import annotations
@@ -34,12 +42,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-FORMAT = "stp-gpu-pack/1"
+FORMAT = "stp-gpu-pack/2"  # /1: references stored (data/*.npz) only; the runner reads both
 
 #: Files of the package copied into a pack (runtime-only closure of :mod:`steptp.gpu.run`).
 RUNTIME_FILES = ("__init__.py", "backend/__init__.py", "backend/errors.py", "backend/cuda_runtime.py",
                  "runner/__init__.py", "runner/inputs.py", "runner/tolerance.py", "runner/worker.py",
-                 "runner/stats.py", "gpu/__init__.py", "gpu/run.py")
+                 "runner/stats.py", "gpu/__init__.py", "gpu/run.py", "gpu/node.py", "gpu/eager.py")
 
 
 class PackError(ValueError):
@@ -57,7 +65,8 @@ def collect(inputs: Sequence[str | os.PathLike]) -> list[dict]:
     """Entries to pack: every line of ``INPUT/dictionary.jsonl`` for a dataset directory;
     for ``.leir`` files the first is the original and every other one a candidate of it
     (as in ``stp time``). Each entry: ``id``, ``strategy``, ``original`` and ``transformed``
-    (full LEIR module texts), ``seed``, ``cpu`` (the CPU verdict, or None). Raises
+    (full LEIR module texts), ``seed``, ``source`` (the ``.py`` file the program came from,
+    when it still exists, else None), ``cpu`` (the CPU verdict, or None). Raises
     :class:`PackError` naming the file for unreadable input."""
     from ..leir.fileformat import load_leir  # noqa: PLC0415
 
@@ -81,7 +90,7 @@ def collect(inputs: Sequence[str | os.PathLike]) -> list[dict]:
                     out.append({"id": e["id"], "strategy": e["strategy"]["id"],
                                 "original": _module_text(sig, e["original"]["leir"]),
                                 "transformed": _module_text(sig, e["transformed"]["leir"]),
-                                "seed": int(e.get("seed", 0)),
+                                "seed": int(e.get("seed", 0)), "source": _py_source(e.get("source")),
                                 "cpu": {k: v.get(k) for k in ("equal", "max_abs_err", "reason")}})
                 except (ValueError, KeyError, TypeError) as err:
                     raise PackError(f"{f}:{n}: not a dataset entry ({type(err).__name__}: {err})") from None
@@ -93,10 +102,73 @@ def collect(inputs: Sequence[str | os.PathLike]) -> list[dict]:
         base = mods[0]
         for p, m in zip(leirs[1:] or leirs[:1], mods[1:] or mods[:1]):
             out.append({"id": f"{leirs[0].stem}->{p.stem}", "strategy": "", "original": base.text(),
-                        "transformed": m.text(), "seed": 0, "cpu": None})
+                        "transformed": m.text(), "seed": 0, "source": None, "cpu": None})
     if not out:
         raise PackError("nothing to pack: no entries in the inputs")
     return out
+
+
+def _py_source(path) -> str | None:
+    """``path`` when it names an existing PyTorch ``.py`` file, else None."""
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    return path if Path(path).is_file() else None
+
+
+def build_reference_library(modules: Sequence, outdir: str | os.PathLike, first: int = 0) -> tuple[dict, dict]:
+    """The verification-form CPU builds of ``modules`` (LEIR originals) in ONE exported
+    library ``outdir/kernel.so`` + ``manifest.json`` (device ``cpu``; function ``r<first+i>``
+    for program ``i``): the same lowering (``lower_module(..., "cpu", poison=True)``: every
+    intermediate starts as the poison NaN), target (LLVM opt-level 0), pipeline and pass
+    configuration as :func:`steptp.backend.build.build_cpu` with its default target, i.e. the
+    object ``stp verify`` runs, loadable with the TVM runtime only
+    (:func:`steptp.backend.cuda_runtime.run_module`). Returns ``({index: Built}, {index:
+    reason})``; a program that does not build alone is left out (the others still build)."""
+    import tvm  # noqa: PLC0415
+
+    from ..backend.build import CPU_TARGET, VERIFY_PASS_CONFIG, _register_verify_pipeline, parse_tvmscript  # noqa: PLC0415
+    from ..backend.cuda_runtime import Built, write_manifest  # noqa: PLC0415
+    from ..backend.errors import BackendError, short_tvm_error  # noqa: PLC0415
+    from ..backend.perf import _params  # noqa: PLC0415
+    from ..backend.tvmscript import lower_module  # noqa: PLC0415
+
+    funcs, bad = [], {}
+    for i, m in enumerate(modules):
+        try:
+            f = parse_tvmscript(lower_module(m, None, "cpu", poison=True).text)
+            funcs.append((i, f.with_attr("global_symbol", f"r{first + i}")))
+        except BackendError as e:
+            bad[i] = f"{e.stage}: {e.reason}"
+
+    def compile_(fs):
+        with tvm.transform.PassContext(config=VERIFY_PASS_CONFIG):
+            return tvm.compile(tvm.IRModule({f.attrs["global_symbol"]: f for _, f in fs}),
+                               target=tvm.target.Target(CPU_TARGET), tir_pipeline=_register_verify_pipeline())
+
+    held, ex = list(funcs), None
+    try:
+        ex = compile_(held) if held else None
+    except Exception:  # noqa: BLE001  one by one, to leave out the one that fails
+        held = []
+        for x in funcs:
+            try:
+                compile_([x])
+                held.append(x)
+            except Exception as e:  # noqa: BLE001
+                bad[x[0]] = f"build: tvm.compile(llvm) failed: {short_tvm_error(e)}"
+        ex = compile_(held) if held else None
+    if ex is None:
+        return {}, bad
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        ex.export_library(str(out / "kernel.so"))
+    except Exception as e:  # noqa: BLE001
+        return {}, {**bad, **{i: f"build: export_library failed: {short_tvm_error(e)}" for i, _ in held}}
+    built = {i: Built(out, out / "kernel.so", None, _params(modules[i]), "cpu", "", "", modules[i].signature.name,
+                      "", None, f"r{first + i}") for i, _ in held}
+    write_manifest(list(built.values()))
+    return built, bad
 
 
 def _key(text: str) -> str:
@@ -105,14 +177,16 @@ def _key(text: str) -> str:
 
 def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *, arch: str = "sm_90",
                trials: int = 3, batch: int = 32, limit: int | None = None, sim: bool = True,
-               progress: Callable[[str, int, int], None] | None = None) -> dict:
+               store_references: bool = False, progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Write a pack (module docstring) for the entries of ``inputs`` (:func:`collect`; the
     first ``limit`` when given) into ``outdir``, for GPUs of architecture ``arch``
     (``sm_XY``). ``batch``: programs per library; ``sim``: also the CPU builds the simulated
-    device runs (not needed on a real GPU node; about half the pack). ``progress(stage, done, total)`` is called
-    as work completes. Returns the summary written to ``manifest.json`` (``build_seconds``,
-    ``bytes``, ``entries``, ``failed``: entries whose original or transformed program did not
-    build, with the reason). Raises :class:`PackError` for bad input, ``BuildError`` when the
+    device runs (not needed on a real GPU node); the originals' reference builds are always
+    packed. ``store_references``: also store the CPU reference outputs (``data/*.npz``, the
+    bulk of a pack: for a node that cannot run x86-64 code). ``progress(stage, done, total)``
+    is called as work completes. Returns the summary written to ``manifest.json``
+    (``build_seconds``, ``bytes``, ``entries``, ``skipped``: entries whose original or
+    transformed program did not build, with the reason). Raises :class:`PackError` for bad input, ``BuildError`` when the
     toolchain fails (no CUDA compiler...)."""
     from ..backend.cuda_runtime import TVM_RUNTIME_CUDA_LIB, TVM_RUNTIME_LIB, compiler_tag, tvm_lib_dir  # noqa: PLC0415
     from ..leir.fileformat import parse_leir  # noqa: PLC0415
@@ -126,35 +200,60 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
     out = Path(outdir)
     if out.exists() and any(out.iterdir()):
         raise PackError(f"{out}: exists and is not empty (a pack is written into a new directory)")
-    for d in ("modules", "ptx", "data", "lib", "python"):
+    for d in ("modules", "ptx", "refs", "lib", "python") + (("data",) if store_references else ()):
         (out / d).mkdir(parents=True, exist_ok=True)
     limits = device_limits("cuda", arch)
     runner = default_runner()
 
-    # references per original
+    # references per original: digests (and allowances) here, the outputs on the node
     programs: dict[str, dict] = {}
-    originals = {}
+    originals: dict[str, tuple[str, int, str | None]] = {}
     for e in entries:
-        originals.setdefault(_key(e["original"]), (e["original"], e["seed"]))
+        originals.setdefault(_key(e["original"]), (e["original"], e["seed"], e.get("source")))
     failed: dict[str, str] = {}
-    for n, (okey, (text, seed)) in enumerate(originals.items()):
+    sources: dict[str, str] = {}
+    for n, (okey, (text, seed, source)) in enumerate(originals.items()):
         m = parse_leir(text)
         ref = reference_data(m, trials, seed, runner=runner, timeout_s=300.0)
         if isinstance(ref, str):
             failed[okey] = ref
         else:
             inputs_, refs, slacks = ref
-            arrays = {f"ref{k}__{name}": np.asarray(v) for k, r in enumerate(refs) for name, v in r.items()}
-            np.savez_compressed(out / "data" / f"{okey}.npz", **arrays)
             programs[okey] = {
                 "name": m.signature.name, "seed": seed, "trials": trials, "ordered": list(ORDERED_TRIALS),
                 "specs": [list(s) for s in tensor_specs(m.signature)],
+                "roles": [t.role for t in m.signature.tensors],
                 "bounds": index_bounds(m.signature, [m.program]),
                 "inputs_sha1": [digest(x) for x in inputs_],
-                "slacks": [dict(s) for s in slacks] if slacks else None,
-                "data": f"data/{okey}.npz"}
+                "outputs_sha1": [digest(r) for r in refs],
+                "slacks": [dict(s) for s in slacks] if slacks else None}
+            if store_references:
+                arrays = {f"ref{k}__{name}": np.asarray(v) for k, r in enumerate(refs) for name, v in r.items()}
+                np.savez_compressed(out / "data" / f"{okey}.npz", **arrays)
+                programs[okey]["data"] = f"data/{okey}.npz"
+            if source:
+                data = Path(source).read_bytes()
+                name = f"py/{hashlib.sha1(data).hexdigest()[:16]}.py"
+                if name not in sources.values():
+                    (out / "py").mkdir(exist_ok=True)
+                    (out / name).write_bytes(data)
+                sources[okey] = name
+                programs[okey]["torch"] = {"file": name, "from": Path(source).name}
         if progress:
             progress("references", n + 1, len(originals))
+
+    # the originals' reference builds (verification form, CPU), batched
+    okeys = list(programs)
+    for b in range(0, len(okeys), batch):
+        chunk = okeys[b:b + batch]
+        rdir = f"refs/lib{b // batch}"
+        built, bad = build_reference_library([parse_leir(originals[k][0]) for k in chunk], out / rdir, first=b)
+        for i, k in enumerate(chunk):
+            if i in built:
+                programs[k]["reference"] = {"lib": rdir, "func": built[i].func}
+            elif not store_references:
+                failed[k] = f"original program failed ({bad.get(i, 'reference build')})"
+                del programs[k]
 
     # modules: every distinct program text, in batched libraries
     texts: dict[str, str] = {}
@@ -208,10 +307,14 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
     manifest = {"format": FORMAT, "arch": limits.arch, "ptx_tag": compiler_tag(), "device": "cuda",
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "programs": programs,
                 "entries": rows, "skipped": skipped, "build_seconds": round(time.perf_counter() - t0, 2),
-                "bytes": size, "libraries": len(range(0, len(keys), batch)), "modules": len(where)}
+                "bytes": size, "libraries": len(range(0, len(keys), batch)), "modules": len(where),
+                "references": "stored" if store_references else "computed on the node", "sim": sim,
+                "torch_programs": len(sources)}
+    text = json.dumps(manifest, indent=1) + "\n"
+    manifest["bytes"] = size + len(text.encode("utf-8"))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    return {k: manifest[k] for k in ("arch", "ptx_tag", "build_seconds", "bytes", "libraries", "modules")} | {
-        "entries": len(rows), "skipped": len(skipped)}
+    return {k: manifest[k] for k in ("arch", "ptx_tag", "build_seconds", "bytes", "libraries", "modules", "references",
+                                     "torch_programs")} | {"entries": len(rows), "skipped": len(skipped)}
 
 
-__all__ = ["FORMAT", "RUNTIME_FILES", "PackError", "collect", "build_pack"]
+__all__ = ["FORMAT", "RUNTIME_FILES", "PackError", "collect", "build_pack", "build_reference_library"]

@@ -3,48 +3,60 @@
 Needs numpy, ``apache-tvm-ffi`` and what the pack carries (``PACK/lib``: TVM's runtime
 libraries; ``PACK/python``: this module and the few it imports), a CUDA 13 driver and
 runtime (``libcudart.so.13``) and Python 3.11-3.13; no TVM compiler, LLVM, lark, egglog,
-sympy or torch. Recipe on a GPU node::
+sympy or torch (torch, where it imports, adds the PyTorch baseline). Recipe on a GPU node::
 
     pip install --no-index --no-deps --target /tmp/site apache_tvm_ffi-*.whl   # if missing
     PYTHONPATH=PACK/python:/tmp/site python -m steptp.gpu.run PACK -o RESULTS --time
 
-For every entry the original and the transformed GPU functions run in a worker process
-(:class:`steptp.runner.worker.IsolatedRunner`) on the pack's seeded inputs (regenerated
-with :mod:`steptp.runner.inputs` and checked against the pack's digests), outputs poisoned,
-and are compared with the CPU references by the one tolerance rule
-(:mod:`steptp.runner.tolerance`, with the original's rounding allowance). Any CUDA error
-discards the worker (the entry is an Exec failure with the CUDA error text; the next entry
-gets a fresh process and context). ``--time`` times the original and the transformed
-function **interleaved** in one worker (A, B, B, A ... rounds of ``time_evaluator``
-measurements on the same inputs) and reports the median of the paired ratios with a
-bootstrap 95 % interval (:func:`steptp.runner.stats.paired_speedup`).
+References: a CPU worker runs each original's verification-form CPU build (``PACK/refs``) on
+the regenerated, digest-checked inputs, ahead of and in parallel with the GPU work, and
+writes them to ``RESULTS/references/`` (:func:`steptp.gpu.node.prepare_references`; a pack
+made with ``--store-references`` carries them instead).
+
+GPU work: ``-j`` long-lived worker processes (default 1: one per GPU) run the entries of one
+program at a time (:func:`steptp.gpu.node.run_entries`): each batch library is loaded once
+per worker, the CUDA context is kept, inputs and device tensors are made once per program.
+Each original and transformed function runs on every trial (3 random + 2 ordered), outputs
+poisoned, and is compared with the CPU references by the one tolerance rule
+(:mod:`steptp.runner.tolerance`, with the original's rounding allowance). A CUDA error
+discards the worker: the entry that caused it runs once more in a fresh worker and is an Exec
+failure (with the CUDA error text) if it fails again; the rest continue in a fresh worker. A
+time-out or crash, whose entry is unknown, reruns that call's entries one by one the same way.
+``--time`` times the original and the transformed function **interleaved** (A, B, B, A ...
+rounds of ``time_evaluator`` measurements on the same inputs, L2 flushed before each on CUDA)
+and reports the median of the paired ratios with a bootstrap 95 % interval
+(:func:`steptp.runner.stats.paired_speedup`). Where ``torch`` imports and an original came
+from a ``.py`` file, PyTorch eager (``--compile``: also ``torch.compile``) is timed on the same
+inputs, interleaved with the original (:mod:`steptp.gpu.eager`): records gain ``eager_us``
+(``compile_us``), microseconds per call; ``--no-eager`` turns it off.
 
 Outputs: ``RESULTS/results.jsonl`` (one line per entry, appended as it finishes: a rerun
-resumes), ``summary.json`` and ``report.md``. ``--deadline-s`` stops cleanly before the
-deadline, keeping what finished. Exit 0 when entries ran, 1 when every entry failed to run
-(or the deadline left none done), 2 for a bad pack or a machine without what the pack needs.
+resumes), ``summary.json`` (verification and timing throughput apart, entries/s) and
+``report.md`` (per program: the original's and the best transformed entry's time against
+eager). ``--deadline-s`` stops cleanly before the deadline, keeping what finished. Exit 0 when
+entries ran, 1 when every entry failed to run (or the deadline left none done), 2 for a bad
+pack or a machine without what the pack needs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 from ..backend import cuda_runtime as cr
-from ..backend.errors import BackendError, ExecError
-from ..runner.inputs import TensorSpec, digest, trial_inputs
-from ..runner.stats import paired_speedup
-from ..runner.tolerance import _mismatch_detail, compare, dtype_code, poison_array, poisoned_index
+from ..backend.errors import BackendError
 from ..runner.worker import IsolatedRunner
 
-_WORKER: dict = {}  # per worker process: manifests, loaded libraries, inputs
+
+#: Pack formats this runner reads (``/1``: references stored; ``/2``: computed on the node).
+FORMATS = ("stp-gpu-pack/1", "stp-gpu-pack/2")
 
 
 class PackRunError(ValueError):
@@ -58,108 +70,9 @@ def read_manifest(pack: str | os.PathLike) -> dict:
         m = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise PackRunError(f"{p}: cannot read the pack manifest ({e})") from None
-    if not isinstance(m, dict) or m.get("format") != "stp-gpu-pack/1":
+    if not isinstance(m, dict) or m.get("format") not in FORMATS:
         raise PackRunError(f"{p}: not an stp GPU pack (format {m.get('format') if isinstance(m, dict) else None!r})")
     return m
-
-
-# ---------------------------------------------------------------------------
-# Worker side
-# ---------------------------------------------------------------------------
-
-
-def _manifest(pack: str) -> dict:
-    if pack not in _WORKER:
-        _WORKER[pack] = read_manifest(pack)
-    return _WORKER[pack]
-
-
-def _program_inputs(pack: str, okey: str) -> tuple[list[dict], list[dict], list, dict]:
-    key = ("inputs", pack, okey)
-    if key not in _WORKER:
-        prog = _manifest(pack)["programs"][okey]
-        specs = [TensorSpec(n, tuple(s), d, bool(o)) for n, s, d, o in prog["specs"]]
-        sets = trial_inputs(specs, prog["seed"], prog["trials"], prog["ordered"], prog["bounds"])
-        for k, (x, want) in enumerate(zip(sets, prog["inputs_sha1"])):
-            if digest(x) != want:
-                raise ExecError(f"trial {k}: the regenerated inputs differ from the build side's (numpy's generator "
-                                f"changed? numpy {np.__version__})")
-        data = np.load(Path(pack) / prog["data"])
-        refs = [{s.name: data[f"ref{k}__{s.name}"] for s in specs if s.is_output} for k in range(len(sets))]
-        _WORKER[key] = (sets, refs, prog.get("slacks") or [{} for _ in sets], {s.name: s for s in specs})
-    return _WORKER[key]
-
-
-def _load(pack: str, where: dict):
-    key = ("lib", pack, where["lib"])
-    built = cr.read_built(Path(pack) / where["lib"], where["func"])
-    if key not in _WORKER:
-        _WORKER[key] = cr.load_built(built, Path(pack) / "lib")
-    return built, _WORKER[key]
-
-
-def run_check(pack: str, okey: str, where: dict) -> dict:
-    """Run one function of the pack on its device on every trial (outputs poisoned) and
-    compare with the CPU references. Returns ``{exec, equal, max_abs_err, max_rel_err,
-    trials, reason, first_call_ms}``; raises :class:`ExecError` for a device fault (the
-    caller's worker is then discarded)."""
-    t0 = time.perf_counter()
-    sets, refs, slacks, specs = _program_inputs(pack, okey)
-    built, mod = _load(pack, where)
-    poison = {p.name: poison_array(p.shape, p.dtype) for p in built.params if p.is_output}
-    runs = [{**x, **{k: v for k, v in poison.items() if v is not None}} for x in sets]
-    outs, first_ms = [], None
-    for k, x in enumerate(runs):
-        outs += cr.run_module(built, [x], module=mod)
-        if first_ms is None:
-            first_ms = (time.perf_counter() - t0) * 1e3
-    res = {"exec": True, "equal": False, "max_abs_err": 0.0, "max_rel_err": 0.0, "trials": len(outs), "reason": "",
-           "first_call_ms": round(first_ms or 0.0, 3)}
-    for k, out in enumerate(outs):
-        for p in built.params:
-            if not p.is_output:
-                continue
-            hit = poisoned_index(out[p.name], p.dtype)
-            if hit is not None:
-                res.update(exec=False, reason=f"exec: trial {k}: output {p.name} element {hit[0]} ({hit[1]} in all) "
-                                              "was never written (poisoned-buffer run)")
-                return res
-    bad = ""
-    for k, (ref, out) in enumerate(zip(refs, outs)):
-        for name, r in ref.items():
-            code = dtype_code(specs[name].dtype)
-            slack = float((slacks[k] or {}).get(name, 0.0)) if k < len(slacks) else 0.0
-            ok, a, rel = compare(r, out[name], code, slack=slack)
-            res["max_abs_err"] = max(res["max_abs_err"], a)
-            res["max_rel_err"] = max(res["max_rel_err"], rel)
-            if not ok and not bad:
-                bad = _mismatch_detail(name, k, r, out[name], code, slack)
-    res["equal"] = not bad
-    res["reason"] = f"equal: {bad}" if bad else ""
-    for f in ("max_abs_err", "max_rel_err"):
-        if not math.isfinite(res[f]):
-            res[f] = None
-    return res
-
-
-def time_pair(pack: str, okey: str, a: dict, b: dict, rounds: int = 8, min_ms: float = 2.0) -> dict:
-    """Interleaved timing of functions ``a`` (baseline) and ``b`` on trial 0's inputs: 3
-    warm-up calls each, ``number`` calibrated so one measurement lasts ``min_ms``
-    milliseconds, then ``rounds`` rounds of one ``time_evaluator`` measurement each, in the
-    order A B, B A, A B ... Returns ``{original_us, transformed_us, speedup, ci, verdict,
-    number, rounds, device}`` (microseconds per call; :func:`steptp.runner.stats.paired_speedup`).
-    Raises :class:`ExecError` on a device fault."""
-    sets, _, _, _ = _program_inputs(pack, okey)
-    fa, ma = _load(pack, a)
-    fb, mb = _load(pack, b)
-    dev = fa.device
-    ta, tb, number = cr.time_interleaved((ma, fa.func, cr.device_args(fa.params, dev, sets[0])),
-                                         (mb, fb.func, cr.device_args(fb.params, dev, sets[0])), dev,
-                                         rounds=rounds, warmup=3, min_repeat_ms=min_ms, max_number=100_000)
-    st = paired_speedup(ta, tb)
-    return {"original_us": st["a_median"] * 1e6, "transformed_us": st["b_median"] * 1e6, "speedup": st["speedup"],
-            "ci": st["ci"], "verdict": st["verdict"], "number": number, "rounds": rounds,
-            "device": "cuda-sim" if cr.simulated() else "cuda"}
 
 
 # ---------------------------------------------------------------------------
@@ -197,23 +110,248 @@ def _done_ids(path: Path) -> set:
     return done
 
 
-def _call(runner: IsolatedRunner, fn, *args, limit: float) -> tuple[dict | None, str]:
-    if fn.__module__ == "__main__":  # run as ``python -m``: send the importable module's function
-        import importlib  # noqa: PLC0415
+_STOP = object()
+_ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around a worker's start only
 
-        fn = getattr(importlib.import_module("steptp.gpu.run"), fn.__name__)
+
+class _PinnedRunner(IsolatedRunner):
+    """An :class:`IsolatedRunner` whose worker, and every replacement of it, sees one GPU
+    (``CUDA_VISIBLE_DEVICES=visible`` while it starts); ``visible`` None: the parent's view."""
+
+    def __init__(self, timeout_s: float, visible: str | None):
+        super().__init__(timeout_s=timeout_s)
+        self.visible = visible
+
+    def start(self) -> None:
+        if self.visible is None or (self._proc is not None and self._proc.is_alive()):
+            return super().start()
+        with _ENV_LOCK:
+            old = os.environ.get("CUDA_VISIBLE_DEVICES")
+            os.environ["CUDA_VISIBLE_DEVICES"] = self.visible
+            try:
+                super().start()
+            finally:
+                if old is None:
+                    del os.environ["CUDA_VISIBLE_DEVICES"]
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+def gpu_slots() -> list[str]:
+    """The GPUs workers are spread over: the entries of ``CUDA_VISIBLE_DEVICES`` when set,
+    else ``0 .. n-1`` for the driver's ``n`` devices; one slot (``0``) on the simulated device
+    or when the driver reports none."""
+    if cr.simulated():
+        return ["0"]
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        return [d.strip() for d in env.split(",") if d.strip()] or ["0"]
+    n, _ = cr.cuda_devices()
+    return [str(i) for i in range(max(1, n))]
+
+
+class _Run:
+    """The driver's state of one pack run (threads: one reference thread, ``jobs`` GPU
+    threads each owning one :class:`IsolatedRunner`; the main thread writes results)."""
+
+    def __init__(self, pack: str, m: dict, refdir: str, opts: dict, *, jobs: int, per_call_s: float,
+                 deadline_s: float | None, chunk: int):
+        import queue  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        self.pack, self.m, self.refdir, self.opts = pack, m, refdir, opts
+        self.jobs, self.per_call_s, self.deadline_s, self.chunk = max(1, jobs), per_call_s, deadline_s, max(1, chunk)
+        self.t0 = time.perf_counter()
+        self.results: "queue.Queue" = queue.Queue()
+        self.work: "queue.Queue" = queue.Queue()
+        self.ready: dict[str, threading.Event] = {}
+        self.ref_status: dict[str, dict] = {}
+        self.original_failed: dict[str, str] = {}
+        self.restarts = 0
+        self.retries = 0
+        self.stopped = False
+        self.lock = threading.Lock()
+        self.threading = threading
+
+    def left(self) -> float | None:
+        return None if self.deadline_s is None else self.deadline_s - (time.perf_counter() - self.t0)
+
+    def limit(self, n: int = 1) -> float:
+        left = self.left()
+        lim = self.per_call_s * n
+        return lim if left is None else max(1.0, min(lim, left))
+
+    # -- references ---------------------------------------------------------------------
+    def references(self, todo) -> None:
+        """Reference thread (one of ``ref_jobs``): CPU references of the programs taken from
+        the queue ``todo``, in the order the GPU needs them, through one CPU worker."""
+        import queue  # noqa: PLC0415
+
+        from .node import prepare_references  # noqa: PLC0415
+
+        runner = IsolatedRunner(timeout_s=self.per_call_s)
+        try:
+            while True:
+                try:
+                    okey = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    if self.left() is not None and self.left() <= 1.0:
+                        st = {"ok": False, "reason": "deadline"}
+                    else:
+                        st = runner.call(prepare_references, self.pack, self.refdir, okey,
+                                         timeout_s=self.limit(2), discard_on_error=True)
+                except BackendError as e:
+                    st = {"ok": False, "reason": f"original program failed on this CPU (exec): {e.reason}"}
+                except Exception as e:  # noqa: BLE001  (a defect: that program stays unchecked, the run goes on)
+                    st = {"ok": False, "reason": f"CPU references not computed ({type(e).__name__}: {e})"}
+                self.ref_status[okey] = st
+                self.ready[okey].set()
+        finally:
+            runner.close()
+
+    # -- GPU ------------------------------------------------------------------------------
+    def gpu(self, visible: str | None = None) -> None:
+        """GPU thread: program groups from the queue, in chunks, through one worker (on GPU
+        ``visible`` when given)."""
+        runner = _PinnedRunner(self.per_call_s, visible)
+        try:
+            while True:
+                item = self.work.get()
+                if item is _STOP:
+                    return
+                okey, entries = item
+                self.ready[okey].wait()
+                st = self.ref_status.get(okey) or {"ok": True}
+                if not st.get("ok", True):
+                    if st.get("reason") == "deadline":
+                        self.stopped = True
+                        continue
+                    for e in entries:
+                        self.results.put(self._unchecked(e, st["reason"]))
+                    continue
+                i = 0
+                while i < len(entries):
+                    if self.left() is not None and self.left() <= 1.0:
+                        self.stopped = True
+                        break
+                    part = entries[i:i + self.chunk]
+                    i += self._chunk(runner, okey, part)
+        finally:
+            with self.lock:
+                self.restarts += runner.restarts
+            runner.close()
+
+    def _opts(self, okey: str, **kw) -> dict:
+        return {**self.opts, "original_failed": self.original_failed.get(okey), **kw}
+
+    def _call(self, runner: IsolatedRunner, okey: str, entries: list[dict], **kw) -> dict:
+        from .node import run_entries  # noqa: PLC0415
+
+        try:
+            return runner.call(run_entries, self.pack, self.refdir, okey, entries, self._opts(okey, **kw),
+                               timeout_s=self.limit(len(entries)), discard_on_error=True)
+        except BackendError as e:  # time limit, crash: the worker is gone, the entry unknown
+            return {"records": [], "fault": {"index": None, "phase": "unknown", "reason": e.reason}, "discard": False}
+
+    def _chunk(self, runner: IsolatedRunner, okey: str, part: list[dict]) -> int:
+        """Run ``part``; returns how many entries of it are finished (recorded)."""
+        out = self._call(runner, okey, part)
+        for r in out["records"]:
+            self.results.put(self._record(part, okey, r))
+        if out.get("discard"):
+            runner.discard()
+        f = out["fault"]
+        if f is None:
+            return len(part)
+        done = len(out["records"])
+        if f["index"] is None:  # which entry hung or crashed is unknown: one by one
+            for e in part[done:]:
+                self._one(runner, okey, e)
+            return len(part)
+        self._retry(runner, okey, part[done], f)
+        return done + 1
+
+    def _one(self, runner: IsolatedRunner, okey: str, e: dict) -> None:
+        out = self._call(runner, okey, [e])
+        if out.get("discard"):
+            runner.discard()
+        if out["records"]:
+            self.results.put(self._record([e], okey, out["records"][0]))
+        else:
+            self._retry(runner, okey, e, out["fault"])
+
+    def _retry(self, runner: IsolatedRunner, okey: str, e: dict, fault: dict) -> None:
+        """Entry ``e`` faulted (``fault``): once more in a fresh worker; what fails again is recorded."""
+        with self.lock:
+            self.retries += 1
+        for _ in range(2):
+            out = self._call(runner, okey, [e], retry=True)
+            if out.get("discard"):
+                runner.discard()
+            if out["records"]:
+                rec = self._record([e], okey, out["records"][0])
+                rec["retried"] = fault["reason"][:300]
+                self.results.put(rec)
+                return
+            f = out["fault"]
+            if f["phase"] == "original" and okey not in self.original_failed:
+                self.original_failed[okey] = f["reason"]  # failed twice: the entries run without it
+                continue
+            break
+        f = out["fault"]
+        tr = {"exec": False, "equal": False, "reason": f"exec: {f['reason']}", "max_abs_err": None}
+        orig = {"exec": False, "equal": False, "reason": f"exec: {self.original_failed[okey]}"} \
+            if okey in self.original_failed else {}
+        self.results.put(self._record([e], okey, {"id": e["id"], "original": orig, "transformed": tr,
+                                                  "retried": fault["reason"][:300]}))
+
+    def _unchecked(self, e: dict, reason: str) -> dict:
+        r = {"id": e["id"], "original": {"exec": None, "equal": None, "reason": reason},
+             "transformed": {"exec": None, "equal": None, "reason": f"not checked: {reason}"}, "unchecked": True}
+        return self._record([e], e["program"], r)
+
+    def _record(self, part: list[dict], okey: str, r: dict) -> dict:
+        e = next(x for x in part if x["id"] == r["id"])
+        rec = {"id": e["id"], "strategy": e["strategy"], "program": okey, "device": "cuda",
+               "device_name": self.opts["device_name"], "arch": self.opts["arch"], **r,
+               "cpu_equal": (e.get("cpu") or {}).get("equal")}
+        rec["agree"] = None if rec["cpu_equal"] is None or r.get("unchecked") else \
+            bool(rec["cpu_equal"]) == bool(r["transformed"].get("equal"))
+        eg = r.get("eager") or {}
+        if "eager_us" in eg:
+            rec["eager_us"] = eg["eager_us"]
+        if "compile_us" in eg:
+            rec["compile_us"] = eg["compile_us"]
+        return rec
+
+
+def _bar(total: int, progress: bool):
+    """A tqdm bar (entries/s) when tqdm imports, else a plain counter on stderr."""
+    if not progress:
+        return None
     try:
-        return runner.call(fn, *args, timeout_s=max(1.0, limit), discard_on_error=True), ""
-    except BackendError as e:
-        return None, e.reason
+        from tqdm import tqdm  # noqa: PLC0415
+
+        return tqdm(total=total, unit="entry", dynamic_ncols=True, file=sys.stderr)
+    except ImportError:
+        return None
 
 
 def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: bool = False,
              deadline_s: float | None = None, per_call_s: float = 120.0, rounds: int = 8, min_ms: float = 2.0,
-             progress: bool = True) -> dict:
-    """Run every entry of ``pack`` not yet in ``results/results.jsonl`` (module docstring);
-    returns the summary (also written to ``summary.json`` and ``report.md``). Raises
-    :class:`PackRunError` for a bad pack and for a machine that cannot run it (one line)."""
+             progress: bool = True, jobs: int | None = None, eager: bool = True, compile_: bool = False,
+             chunk: int = 16, ref_jobs: int | None = None) -> dict:
+    """Run every entry of ``pack`` not yet in ``results/results.jsonl`` (module docstring)
+    with ``jobs`` GPU workers (default: one per GPU, :func:`gpu_slots`; worker ``i`` sees GPU
+    ``i mod n`` only), ``chunk`` entries per worker call, ``ref_jobs`` CPU workers computing
+    the references (default: half the CPUs, 1 to 8); ``per_call_s``: time limit
+    of one entry's work in a worker (seconds). Returns the summary (also written to
+    ``summary.json`` and ``report.md``). Raises :class:`PackRunError` for a bad pack and for
+    a machine that cannot run it (one line)."""
+    import importlib.util  # noqa: PLC0415
+
     pack = str(Path(pack).resolve())
     m = read_manifest(pack)
     why = cr.cuda_available(need_nvcc=False, lib_dir=Path(pack) / "lib")
@@ -232,60 +370,122 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
     _repair_tail(path)
     done = _done_ids(path)
     todo = [e for e in m["entries"] if e["id"] not in done]
-    t0 = time.perf_counter()
-    stopped, ran = False, 0
-    orig_cache: dict[str, tuple[dict | None, str]] = {}
-    runner = IsolatedRunner(timeout_s=per_call_s)
+    torch_progs = {e["program"] for e in todo if (m["programs"].get(e["program"]) or {}).get("torch")}
+    if eager and torch_progs and importlib.util.find_spec("torch") is None:
+        print(f"note: torch does not import here: PyTorch eager timings skipped ({len(torch_progs)} programs)",
+              file=sys.stderr)
+        eager = False
     name = "simulated (CPU builds)" if cr.simulated() else cr.device_name(0)
+    opts = {"timing": timing, "rounds": rounds, "min_ms": min_ms, "eager": eager, "compile": compile_,
+            "device_name": name, "arch": arch or m["arch"]}
+    slots = gpu_slots()
+    jobs = jobs or len(slots)
+    if timing and jobs > len(slots):
+        print(f"note: {jobs} workers share {len(slots)} GPU(s): timings of workers on one GPU disturb each other",
+              file=sys.stderr)
+    run = _Run(pack, m, str(out / "references"), opts, jobs=jobs, per_call_s=per_call_s, deadline_s=deadline_s,
+               chunk=chunk)
+    groups: dict[str, list[dict]] = {}
+    for e in todo:
+        groups.setdefault(e["program"], []).append(e)
+    need = [k for k in groups if not m["programs"][k].get("data")]
+    for k in groups:
+        run.ready[k] = run.threading.Event()
+        if k not in need:
+            run.ready[k].set()
+    for k, es in groups.items():
+        run.work.put((k, es))
+    import queue  # noqa: PLC0415
+
+    ref_todo: "queue.Queue" = queue.Queue()
+    for k in need:
+        ref_todo.put(k)
+    ref_jobs = max(1, min(ref_jobs or max(1, min(8, (os.cpu_count() or 2) // 2)), len(need) or 1))
+    threads = [run.threading.Thread(target=run.references, args=(ref_todo,), daemon=True)
+               for _ in range(ref_jobs if need else 0)]
+    pin = len(slots) > 1
+    threads += [run.threading.Thread(target=run.gpu, args=(slots[i % len(slots)] if pin else None,), daemon=True)
+                for i in range(run.jobs)]
+    for _ in range(run.jobs):
+        run.work.put(_STOP)
+    bar = _bar(len(todo), progress)
+    ran = 0
     try:
+        for t in threads:
+            t.start()
         with open(path, "a", encoding="utf-8") as fh:
-            for e in todo:
-                left = None if deadline_s is None else deadline_s - (time.perf_counter() - t0)
-                if left is not None and left <= 1.0:
-                    stopped = True
-                    break
-                limit = per_call_s if left is None else min(per_call_s, left)
-                s0 = time.perf_counter()
-                if e["program"] not in orig_cache:
-                    orig_cache[e["program"]] = _call(runner, run_check, pack, e["program"], e["original"], limit=limit)
-                orig, orig_err = orig_cache[e["program"]]
-                tr, tr_err = _call(runner, run_check, pack, e["program"], e["transformed"], limit=limit)
-                if tr is None:
-                    tr = {"exec": False, "equal": False, "reason": f"exec: {tr_err}", "max_abs_err": None}
-                rec = {"id": e["id"], "strategy": e["strategy"], "program": e["program"], "device": "cuda",
-                       "device_name": name, "arch": arch or m["arch"], "transformed": tr,
-                       "original": orig if orig is not None else {"exec": False, "equal": False,
-                                                                   "reason": f"exec: {orig_err}"},
-                       "cpu_equal": (e.get("cpu") or {}).get("equal")}
-                rec["agree"] = None if rec["cpu_equal"] is None else bool(rec["cpu_equal"]) == bool(tr.get("equal"))
-                if timing and tr.get("equal") and orig is not None and orig.get("equal"):
-                    t, t_err = _call(runner, time_pair, pack, e["program"], e["original"], e["transformed"], rounds,
-                                     min_ms, limit=limit)
-                    rec["timing"] = t if t is not None else {"error": t_err}
-                rec["seconds"] = round(time.perf_counter() - s0, 4)
+            gpu_threads = threads[ref_jobs if need else 0:]
+            while any(t.is_alive() for t in gpu_threads) or not run.results.empty():
+                try:
+                    rec = run.results.get(timeout=0.2)
+                except Exception:  # noqa: BLE001  (queue.Empty)
+                    continue
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
                 ran += 1
-                if progress:
-                    print(f"\r{ran}/{len(todo)} entries", end="", file=sys.stderr, flush=True)
+                if bar is not None:
+                    bar.update(1)
+                elif progress:
+                    rate = ran / max(time.perf_counter() - run.t0, 1e-9)
+                    print(f"\r{ran}/{len(todo)} entries, {rate:.1f} entries/s", end="", file=sys.stderr, flush=True)
     finally:
-        restarts = runner.restarts
-        runner.close()
-        if progress and todo:
+        if bar is not None:
+            bar.close()
+        elif progress and todo:
             print(file=sys.stderr)
-    wall = time.perf_counter() - t0
-    summary = summarize(path, m, wall=wall, ran=ran, stopped=stopped)
-    summary["worker_restarts"] = restarts  # workers discarded after a CUDA error or a time-out
+    wall = time.perf_counter() - run.t0
+    summary = summarize(path, m, wall=wall, ran=ran, stopped=run.stopped or ran < len(todo))
+    summary["worker_restarts"] = run.restarts  # workers discarded after a CUDA error or a time-out
+    summary["retried_entries"] = run.retries
+    summary["jobs"] = run.jobs
+    summary["reference_jobs"] = ref_jobs if need else 0
+    summary["references"] = "stored" if not need else "computed on the node"
+    summary["reference_seconds"] = round(sum(float(s.get("seconds", 0.0)) for s in run.ref_status.values()), 3)
+    summary["reference_digest_mismatches"] = sorted(k for k, s in run.ref_status.items()
+                                                    if s.get("digests_match") is False)
+    summary["reference_failures"] = {k: s["reason"] for k, s in run.ref_status.items() if not s.get("ok", True)}
+    summary["eager"] = "on" if eager else ("off (torch does not import)" if torch_progs else "off")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report_md(summary), encoding="utf-8")
     return summary
 
 
+def _per_program(recs: list[dict]) -> list[dict]:
+    """Per program: the original's time, the best Equal transformed entry's time (from
+    ``--time``: medians of the interleaved pairs) and PyTorch eager / torch.compile, in µs."""
+    progs: dict[str, dict] = {}
+    for r in recs:
+        p = progs.setdefault(r["program"], {"program": r["program"], "name": r.get("name") or r["program"],
+                                            "entries": 0, "equal": 0, "original_us": None, "best_us": None,
+                                            "best_id": None, "eager_us": None, "compile_us": None})
+        p["entries"] += 1
+        p["equal"] += bool(r["transformed"].get("equal"))
+        eg = r.get("eager") or {}
+        if "eager_us" in eg:
+            p["eager_us"] = eg["eager_us"]
+            p["compile_us"] = eg.get("compile_us")
+            p["original_us"] = p["original_us"] or eg.get("original_us")
+        t = r.get("timing") or {}
+        if "transformed_us" in t:
+            p["original_us"] = p["original_us"] or t["original_us"]
+            if p["best_us"] is None or t["transformed_us"] < p["best_us"]:
+                p["best_us"], p["best_id"] = t["transformed_us"], r["id"]
+    return list(progs.values())
+
+
 def summarize(path: Path, manifest: dict, *, wall: float = 0.0, ran: int = 0, stopped: bool = False) -> dict:
     """Counts over ``results.jsonl``: Exec/Equal, agreement with the CPU verdicts (and the
-    disagreeing entries), first-call latency, and with timings the speedup distribution per
-    strategy (only entries whose transformed program was Equal on the GPU)."""
+    disagreeing entries), first-call latency, throughput (``entries_per_second``: entries
+    finished in this run per wall second; ``verification_entries_per_second``: entries per
+    second of worker time spent verifying, original and transformed on every trial, times
+    the workers; ``timing_entries_per_second``: timed entries per second of worker time
+    spent timing, likewise), with timings the speedup distribution per strategy (only
+    entries whose transformed program was Equal on the GPU) and per program the original's,
+    the best transformed entry's and PyTorch eager's time (µs)."""
     recs = _records(path) if path.is_file() else []
+    names = {k: v.get("name", k) for k, v in manifest["programs"].items()}
+    for r in recs:
+        r["name"] = names.get(r.get("program"), r.get("program"))
     eq = [r for r in recs if r["transformed"].get("equal")]
     first = [r["transformed"]["first_call_ms"] for r in recs if r["transformed"].get("first_call_ms") is not None]
     dis = [{"id": r["id"], "strategy": r["strategy"], "cpu_equal": r["cpu_equal"],
@@ -299,29 +499,58 @@ def summarize(path: Path, manifest: dict, *, wall: float = 0.0, ran: int = 0, st
     speed = {k: {"n": len(v), "median": float(np.median([t["speedup"] for t in v])),
                  "faster": sum(t["verdict"] == "faster" for t in v), "slower": sum(t["verdict"] == "slower" for t in v)}
              for k, v in sorted(per.items())}
+    check_s = sum(float(r.get("seconds_check") or 0.0) for r in recs[len(recs) - max(ran, 0):])
+    timed = [r for r in recs[len(recs) - max(ran, 0):] if "speedup" in (r.get("timing") or {})]
+    time_s = sum(float(r.get("seconds_time") or 0.0) for r in timed)
     return {"entries": len(manifest["entries"]), "done": len(recs), "ran_now": max(ran, 0),
             "stopped_at_deadline": stopped, "exec": sum(bool(r["transformed"].get("exec")) for r in recs),
             "equal": len(eq), "original_equal": sum(bool(r["original"].get("equal")) for r in recs),
+            "unchecked": sum(bool(r.get("unchecked")) for r in recs),
             "cpu_gpu_disagreements": dis, "wall_seconds": round(wall, 2),
             "entries_per_second": round(max(ran, 0) / wall, 3) if wall > 0 else None,
+            "verification_entries_per_second": round(max(ran, 0) / check_s, 3) if check_s > 0 else None,
+            "timing_entries_per_second": round(len(timed) / time_s, 3) if time_s > 0 else None,
             "first_call_ms_median": float(np.median(first)) if first else None,
             "device_name": recs[0]["device_name"] if recs else None, "arch": manifest["arch"],
-            "speedup_by_strategy": speed}
+            "eager_programs": sum(1 for p in _per_program(recs) if p["eager_us"] is not None),
+            "speedup_by_strategy": speed, "programs": _per_program(recs)}
+
+
+def _us(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or b is None or b <= 0 else f"{a / b:.2f}x"
 
 
 def report_md(s: dict) -> str:
-    """``report.md`` of a :func:`summarize` summary."""
+    """``report.md`` of a :func:`summarize` summary (with the per-program table against
+    PyTorch eager when any program was timed or has an eager time)."""
     lines = ["# GPU pack run", "",
              f"Device: {s['device_name']} ({s['arch']}). Entries: {s['done']}/{s['entries']} done"
              + (" (stopped at the deadline)" if s["stopped_at_deadline"] else "") + ".", "",
-             "| Exec | Equal | original Equal | CPU/GPU disagreements | entries/s | first call (median ms) |",
-             "|---|---|---|---|---|---|",
+             "| Exec | Equal | original Equal | CPU/GPU disagreements | entries/s | verification entries/s "
+             "| timing entries/s | first call (median ms) |",
+             "|---|---|---|---|---|---|---|---|",
              f"| {s['exec']} | {s['equal']} | {s['original_equal']} | {len(s['cpu_gpu_disagreements'])} | "
-             f"{s['entries_per_second']} | {s['first_call_ms_median']} |", ""]
+             f"{s['entries_per_second']} | {s.get('verification_entries_per_second')} | "
+             f"{s.get('timing_entries_per_second')} | {s['first_call_ms_median']} |", ""]
     if s["cpu_gpu_disagreements"]:
         lines += ["## CPU/GPU disagreements", "", "| id | strategy | CPU | GPU | reason |", "|---|---|---|---|---|"]
         lines += [f"| {d['id']} | {d['strategy']} | {d['cpu_equal']} | {d['gpu_equal']} | {d['reason']} |"
                   for d in s["cpu_gpu_disagreements"]]
+        lines.append("")
+    progs = [p for p in s.get("programs", []) if p["eager_us"] is not None or p["best_us"] is not None]
+    if progs:
+        lines += ["## Per program against PyTorch eager (µs per call)", "",
+                  "Original: its time beside eager (or from `--time`); best: the fastest Equal transformed entry "
+                  "(`--time`). A ratio above 1 means PyTorch is faster.", "",
+                  "| program | entries | Equal | original | best transformed | eager | torch.compile "
+                  "| original / eager | best / eager |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {p['name']} | {p['entries']} | {p['equal']} | {_us(p['original_us'])} | {_us(p['best_us'])} | "
+                  f"{_us(p['eager_us'])} | {_us(p['compile_us'])} | {_ratio(p['original_us'], p['eager_us'])} | "
+                  f"{_ratio(p['best_us'], p['eager_us'])} |" for p in progs]
         lines.append("")
     if s["speedup_by_strategy"]:
         lines += ["## Speedup per strategy (interleaved, median of paired ratios)", "",
@@ -341,18 +570,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="limit of one run in the worker, seconds")
     ap.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds (--time)")
     ap.add_argument("--min-ms", type=float, default=2.0, help="length of one timing measurement, milliseconds")
+    ap.add_argument("-j", "--jobs", type=int, default=None,
+                    help="GPU worker processes (default: one per GPU), spread over the GPUs")
+    ap.add_argument("--no-eager", action="store_true", help="do not time PyTorch eager beside the programs")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile (warm-up outside the timing)")
+    ap.add_argument("--chunk", type=int, default=16, help="entries per worker call")
+    ap.add_argument("--ref-jobs", type=int, default=None,
+                    help="CPU worker processes computing the references (default: half the CPUs, 1 to 8)")
     ap.add_argument("-q", "--quiet", action="store_true")
-    a = ap.parse_args(argv)
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    for flag, v in (("--jobs", 1 if a.jobs is None else a.jobs), ("--rounds", a.rounds), ("--chunk", a.chunk),
+                    ("--ref-jobs", 1 if a.ref_jobs is None else a.ref_jobs)):
+        if v < 1:
+            print(f"error: {flag} {v}: must be at least 1", file=sys.stderr)
+            return 2
+    for flag, v in (("--timeout", a.timeout), ("--min-ms", a.min_ms)):
+        if not v > 0:
+            print(f"error: {flag} {v}: must be positive", file=sys.stderr)
+            return 2
     try:
         s = run_pack(a.pack, a.out, timing=a.time, deadline_s=a.deadline_s, per_call_s=a.timeout,
-                     rounds=a.rounds, min_ms=a.min_ms, progress=not a.quiet)
+                     rounds=a.rounds, min_ms=a.min_ms, progress=not a.quiet, jobs=a.jobs, eager=not a.no_eager,
+                     compile_=a.compile, chunk=a.chunk, ref_jobs=a.ref_jobs)
     except PackRunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"error: {e.filename or a.out}: {e.strerror or e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: v for k, v in s.items() if k not in ("speedup_by_strategy",)}, indent=1))
+    print(json.dumps({k: v for k, v in s.items() if k not in ("speedup_by_strategy", "programs")}, indent=1))
     if s["done"] and s["exec"] == 0:
         print(f"error: every one of {s['done']} entries failed to run on the device", file=sys.stderr)
         return 1
