@@ -427,14 +427,15 @@ def test_no_compiler_at_all_is_one_failing_line(tmp_path):
 def test_gpu_workers_are_pinned_to_one_gpu_each(monkeypatch):
     """Worker i of a run sees GPU i mod n only (CUDA_VISIBLE_DEVICES while it starts), its
     replacement after a discard too, and the driver's own environment is left as it was."""
-    from steptp.gpu.run import _PinnedRunner, gpu_slots
+    from steptp.gpu.run import gpu_slots
+    from steptp.runner.pool import shared
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     monkeypatch.delenv("STP_CUDA_SIM", raising=False)
     assert gpu_slots() == ["2", "5"]
     monkeypatch.setenv("STP_CUDA_SIM", "1")
     assert gpu_slots() == ["0"]  # the simulated device: one slot
-    r = _PinnedRunner(60, "5")
+    r = shared("test-pinned-gpu-5", 60, env={"CUDA_VISIBLE_DEVICES": "5"})  # what gpu.run asks the pool for
     try:
         assert r.call(os.getenv, "CUDA_VISIBLE_DEVICES") == "5"
         r.discard()

@@ -52,6 +52,7 @@ import numpy as np
 
 from ..backend import cuda_runtime as cr
 from ..backend.errors import BackendError
+from ..runner.pool import shared
 from ..runner.worker import IsolatedRunner
 
 
@@ -111,30 +112,6 @@ def _done_ids(path: Path) -> set:
 
 
 _STOP = object()
-_ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around a worker's start only
-
-
-class _PinnedRunner(IsolatedRunner):
-    """An :class:`IsolatedRunner` whose worker, and every replacement of it, sees one GPU
-    (``CUDA_VISIBLE_DEVICES=visible`` while it starts); ``visible`` None: the parent's view."""
-
-    def __init__(self, timeout_s: float, visible: str | None):
-        super().__init__(timeout_s=timeout_s)
-        self.visible = visible
-
-    def start(self) -> None:
-        if self.visible is None or (self._proc is not None and self._proc.is_alive()):
-            return super().start()
-        with _ENV_LOCK:
-            old = os.environ.get("CUDA_VISIBLE_DEVICES")
-            os.environ["CUDA_VISIBLE_DEVICES"] = self.visible
-            try:
-                super().start()
-            finally:
-                if old is None:
-                    del os.environ["CUDA_VISIBLE_DEVICES"]
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
 def gpu_slots() -> list[str]:
@@ -189,7 +166,7 @@ class _Run:
 
         from .node import prepare_references  # noqa: PLC0415
 
-        runner = IsolatedRunner(timeout_s=self.per_call_s)
+        runner = shared(f"gpu-ref:{threading.current_thread().name}", self.per_call_s)
         try:
             while True:
                 try:
@@ -215,7 +192,9 @@ class _Run:
     def gpu(self, visible: str | None = None) -> None:
         """GPU thread: program groups from the queue, in chunks, through one worker (on GPU
         ``visible`` when given)."""
-        runner = _PinnedRunner(self.per_call_s, visible)
+        # this thread's worker, pinned to GPU ``visible`` (it and every replacement of it)
+        runner = shared(f"gpu-run:{threading.current_thread().name}", self.per_call_s,
+                        env={"CUDA_VISIBLE_DEVICES": visible} if visible is not None else None)
         try:
             while True:
                 item = self.work.get()

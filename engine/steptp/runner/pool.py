@@ -13,7 +13,9 @@ is constructed nowhere else in the package's front ends):
 Kinds in use: ``"rewards"`` (:mod:`steptp.rewards`: a trainer's completions), ``"verify"`` (builds and runs of :func:`steptp.verify.verify_pair`: ``stp
 verify``, ``dataset``, ``eval``, ``search``), ``"engine"`` (:class:`steptp.engine.service.EngineService`:
 rule listing and application under an address-space limit, kept apart because that limit
-stays on the process), ``"cuda"`` (CUDA timings of :mod:`steptp.runner.timing`, discarded
+stays on the process), ``"gpu-run:<thread>"`` / ``"gpu-ref:<thread>"`` (:mod:`steptp.gpu.run`: one
+GPU worker per thread, pinned to its GPU, and one CPU reference worker per thread),
+``"cuda"`` (CUDA timings of :mod:`steptp.runner.timing`, discarded
 after a CUDA error). Work of one kind shares one worker, one call at a time: callers that
 run calls from several threads must use their own kind.
 """
@@ -29,15 +31,17 @@ _WORKERS: dict[str, IsolatedRunner] = {}
 _LOCK = threading.Lock()
 
 
-def shared(kind: str = "verify", timeout_s: float | None = None) -> IsolatedRunner:
+def shared(kind: str = "verify", timeout_s: float | None = None, env: dict[str, str] | None = None) -> IsolatedRunner:
     """The process-wide worker of ``kind`` (any name; see the module docstring for those in
     use), created on first use. ``timeout_s``: seconds, the default time limit of its calls
     from now on (a call's own ``timeout_s`` wins); None leaves it (60 s for a new worker).
+    ``env``: environment variables its process (and every replacement) starts with, fixed
+    when the worker is created (``{"CUDA_VISIBLE_DEVICES": "1"}`` pins it to one GPU).
     Never starts the process itself: the first ``call`` does (about 1-2 s)."""
     with _LOCK:
         w = _WORKERS.get(kind)
         if w is None:
-            w = _WORKERS[kind] = IsolatedRunner() if timeout_s is None else IsolatedRunner(timeout_s=timeout_s)
+            w = _WORKERS[kind] = IsolatedRunner(timeout_s=60.0 if timeout_s is None else timeout_s, env=env)
             if len(_WORKERS) == 1:
                 atexit.register(close_all)
         elif timeout_s is not None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import sys
+import threading
 from typing import Callable
 
 from ..backend.errors import BackendError, ExecError, WorkerFailure
@@ -70,6 +72,29 @@ def without_main_module():
             setattr(main, attr, val)
 
 
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """Set ``env`` in ``os.environ`` for the duration (serialised: one worker start at a time
+    may change the environment), then restore the previous values."""
+    if not env:
+        yield
+        return
+    with _ENV_LOCK:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def signal_name(code: int | None) -> str:
     """``SIGSEGV`` for exit code -11, ``exit code 3`` for 3, ``unknown`` for None."""
     if code is None:
@@ -100,20 +125,24 @@ class IsolatedRunner:
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, timeout_s: float = 60.0):
+    def __init__(self, timeout_s: float = 60.0, env: dict[str, str] | None = None):
         self.timeout_s = timeout_s
+        self.env = dict(env or {})
         self._ctx = multiprocessing.get_context("spawn")
         self._proc = None
         self._conn = None
         self.restarts = 0
 
     def start(self) -> None:
-        """Start the worker if it is not running (about 1-2 s: a fresh interpreter imports tvm)."""
+        """Start the worker if it is not running (about 1-2 s: a fresh interpreter imports tvm).
+        ``env`` (e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``: a worker pinned to one GPU) is set in
+        this process's environment only while the child starts, so the child and every
+        replacement of it inherit it."""
         if self._proc is not None and self._proc.is_alive():
             return
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="stp-worker")
-        with without_main_module():
+        with without_main_module(), _environment(self.env):
             proc.start()
         child.close()
         self._proc, self._conn = proc, parent
