@@ -59,6 +59,9 @@ def test_round_loop_through_packs_on_the_simulated_device(tmp_path):
     # PyTorch eager beside the program (torch imports in this venv): a number
     assert isinstance(sm["speedup_vs_eager"], float) and sm["speedup_vs_eager"] > 0, sm
     assert (out / "softmax" / "best.leir").exists() and "vs PyTorch eager" in (out / "report.md").read_text()
+    # how the GPU cost models ranked what was measured (one program: no held-out learned model)
+    rank = summary["ranking"]
+    assert rank["static"]["groups"] <= 1 and "reason" in rank["learned"]
     # done: the same command prints the same summary
     again = _search(out)
     assert again.returncode == 0 and json.loads((out / "summary.json").read_text()) == summary

@@ -99,7 +99,8 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
 
     With --runner pack (--device cuda; no GPU needed here): rounds of greedy or beam search,
     -n rounds (4), --beam-k frontier (2), --measure candidates per program and round (8); each
-    round is verified on this CPU, screened by the GPU cost model and written as a pack; exit 3
+    round is verified on this CPU, screened by the static GPU cost model (--rank model: a
+    LightGBM model refitted on the GPU samples after every round) and written as a pack; exit 3
     while waiting for the node's results, then the summary with speedup over the original and
     vs PyTorch eager, every figure from a final re-time round."""
     if runner not in ("local", "pack"):
@@ -113,7 +114,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
 
         run_pack_search(programs, out, algorithm=algorithm, rounds=iterations or 4, beam=beam_k or 2,
                         measure=measure or 8, per_rule=min(per_rule, 4), seed=seed, arch=arch, timeout_s=timeout,
-                        quiet=quiet)
+                        quiet=quiet, rank=rank)
         return
     from ..search import ALGORITHMS, POLICIES, SearchConfig, SearchInputError, TargetUnavailable
     from ..search.run import export_chat as do_export

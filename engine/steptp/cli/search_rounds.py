@@ -17,7 +17,7 @@ EXIT_WAITING = 3
 
 
 def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: int, beam: int, measure: int,
-                    per_rule: int, seed: int, arch: str, timeout_s: float, quiet: bool) -> None:
+                    per_rule: int, seed: int, arch: str, timeout_s: float, quiet: bool, rank: str = "cost") -> None:
     """Advance the round search in ``out``; exit 3 with the node's command while it waits for a
     round's measurements, 0 with the summary when done, 2 for bad input. See
     :mod:`steptp.search.rounds`."""
@@ -26,7 +26,7 @@ def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: 
     from ..search.rounds import RoundConfig, RoundsError, search_rounds
 
     cfg = RoundConfig(algorithm=algorithm, rounds=rounds, beam=beam, measure=measure, per_rule=per_rule, seed=seed,
-                      arch=arch, timeout_s=timeout_s)
+                      arch=arch, timeout_s=timeout_s, rank="model" if rank.startswith("model") else "cost")
     try:
         sources = discover([str(p) for p in programs])
     except (FileNotFoundError, ValueError) as e:

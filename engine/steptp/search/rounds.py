@@ -66,7 +66,9 @@ class RoundConfig:
     ``rounds`` (search rounds before the re-time round), ``measure`` (candidates per program
     and round sent to the GPU), ``per_rule`` (seeded sample of a rule's candidates per frontier
     program), ``seed``, ``arch`` (the node's ``sm_XY``), ``timeout_s`` (one CPU verification,
-    seconds), ``macro_steps`` (at most this many steps in one macro proposal)."""
+    seconds), ``macro_steps`` (at most this many steps in one macro proposal), ``rank``
+    (``cost``: the static GPU model screens; ``model``: a LightGBM model refitted after every
+    round on all GPU samples so far, the static model its prior, screens once it has 4 samples)."""
 
     algorithm: str = "greedy"
     beam: int = 2
@@ -77,6 +79,7 @@ class RoundConfig:
     arch: str = "sm_90"
     timeout_s: float = 120.0
     macro_steps: int = 16
+    rank: str = "cost"
 
     @property
     def width(self) -> int:
@@ -187,8 +190,57 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 yield mod, steps
 
 
-def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: int) -> list[dict]:
-    """The candidates of one program for this round, verified and screened (module docstring)."""
+def _program_text(text: str) -> str:
+    """The program part of a ``.leir`` text (what the cost models' features read)."""
+    from ..leir.printer import format_program  # noqa: PLC0415
+
+    return format_program(parse_leir(text).program)
+
+
+def _training_rows(state: dict, exclude: str | None = None) -> list[tuple[str, str, float]]:
+    """``(root text, candidate text, ln speedup)`` of every GPU sample so far (all programs but
+    ``exclude``)."""
+    rows = []
+    for name, prog in state["programs"].items():
+        if name == exclude:
+            continue
+        for m in prog["measured"].values():
+            if m.get("equal") and m.get("speedup") and m.get("text"):
+                rows.append((prog["root"], m["text"], math.log(float(m["speedup"]))))
+    return rows
+
+
+def learned_model(rows: list[tuple[str, str, float]]):
+    """A :class:`steptp.search.costmodel.CostModel` for ``cuda`` fitted on ``rows``
+    (:func:`_training_rows`), or None with fewer than 4 rows or without LightGBM."""
+    from .costmodel import CostModel, CostModelUnavailable, features_of, require_lightgbm  # noqa: PLC0415
+
+    if len(rows) < 4:
+        return None
+    try:
+        require_lightgbm()
+    except CostModelUnavailable:
+        return None
+    m = CostModel("cuda")
+    for root, cand, ls in rows:
+        m.add_row(features_of(_program_text(root), "cuda"), features_of(_program_text(cand), "cuda"), ls)
+    return m.fit()
+
+
+def _scores(root_text: str, texts: list[str], model) -> list[float]:
+    """Predicted ln speedups over the root: the learned model's, else the static GPU model's
+    ``ln(est_root / est_candidate)``."""
+    from .cost_gpu import estimate_gpu_ns  # noqa: PLC0415
+
+    if model is not None:
+        return model.predict(_program_text(root_text), [_program_text(t) for t in texts])
+    base = estimate_gpu_ns(parse_leir(root_text).program) + 1.0
+    return [math.log(base / (estimate_gpu_ns(parse_leir(t).program) + 1.0)) for t in texts]
+
+
+def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: int, model=None) -> list[dict]:
+    """The candidates of one program for this round, verified and screened (module docstring):
+    the ``measure`` best by the learned ``model`` when given, else by the static GPU model."""
     from ..search.cost_gpu import estimate_gpu_ns  # noqa: PLC0415
     from ..seeds import seeded_rng  # noqa: PLC0415
 
@@ -208,8 +260,10 @@ def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: 
             if not _verify(root, module, cfg):
                 continue
             scored.append((estimate_gpu_ns(module.program), len(scored), module.text(), steps))
-    scored.sort()
-    return [{"text": t, "steps": s, "est_ns": e} for e, _, t, s in scored[: cfg.measure]]
+    pred = _scores(prog["root"], [t for _, _, t, _ in scored], model)
+    order = sorted(range(len(scored)), key=lambda i: (-pred[i], i))
+    return [{"text": scored[i][2], "steps": scored[i][3], "est_ns": scored[i][0], "score": pred[i]}
+            for i in order[: cfg.measure]]
 
 
 # --------------------------------------------------------------------------- rounds
@@ -303,7 +357,7 @@ def _consume(state: dict, d: Path, records: dict[str, dict], cfg: RoundConfig) -
                 prog["eager"] = {"eager_us": eager, "compile_us": comp}
             if m["original_us"] is not None:
                 prog["root_us"] = m["original_us"] if prog["root_us"] is None else min(prog["root_us"], m["original_us"])
-            prog["measured"][c["id"]] = {**m, "steps": c["steps"], "est_ns": c["est_ns"]}
+            prog["measured"][c["id"]] = {**m, "steps": c["steps"], "est_ns": c["est_ns"], "text": c["text"]}
             if not m["equal"]:
                 continue
             prog["samples"] += 1
@@ -366,9 +420,49 @@ def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: Roun
         (d / "best.leir").write_text(best.text)
         write_json_atomic(d / "summary.json", sm)
         summaries.append(sm)
-    write_json_atomic(out / "summary.json", {"programs": summaries, **_aggregate(summaries)})
+    write_json_atomic(out / "summary.json", {"programs": summaries, **_aggregate(summaries),
+                                             "ranking": ranking_quality(state)})
     (out / "report.md").write_text(report_md(summaries))
     return summaries
+
+
+def ranking_quality(state: dict, k: int = 3) -> dict:
+    """How well the GPU cost models ranked what the node measured, per program (its Equal,
+    timed candidates of every round; programs with at least two distinct speedups): mean
+    Kendall τ and top-``k`` recall of the static GPU model (``ln(est_root / est_cand)``) and of
+    the learned model fitted on the *other* programs' samples only (held out by program; None
+    with the reason without LightGBM or with too few samples)."""
+    from .costmodel import kendall_tau, top_k_recall  # noqa: PLC0415
+
+    out = {"static": {"tau": [], "recall": []}, "learned": {"tau": [], "recall": []}}
+    learned_ok, why = True, ""
+    for name, prog in state["programs"].items():
+        items = [m for m in prog["measured"].values() if m.get("equal") and m.get("speedup") and m.get("text")]
+        true = [math.log(float(m["speedup"])) for m in items]
+        if len(items) < 2 or len(set(true)) < 2:
+            continue
+        texts = [m["text"] for m in items]
+        for kind, model in (("static", None), ("learned", "held-out")):
+            if kind == "learned":
+                if not learned_ok:
+                    continue
+                model = learned_model(_training_rows(state, exclude=name))
+                if model is None:
+                    learned_ok, why = False, "fewer than 4 samples of other programs, or no LightGBM"
+                    continue
+            pred = _scores(prog["root"], texts, model)
+            tau = kendall_tau(pred, true)
+            if tau is not None:
+                out[kind]["tau"].append(tau)
+            out[kind]["recall"].append(top_k_recall(pred, true, k))
+    res = {}
+    for kind, v in out.items():
+        n = len(v["recall"])
+        res[kind] = {"groups": n, "k": k, "tau": sum(v["tau"]) / len(v["tau"]) if v["tau"] else None,
+                     f"recall_at_{k}": sum(v["recall"]) / n if n else None}
+    if not learned_ok:
+        res["learned"]["reason"] = why
+    return res
 
 
 def _geo(xs) -> float | None:
@@ -470,8 +564,9 @@ def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules
             continue
         entries, cands = [], {}
         t0 = time.perf_counter()
+        model = learned_model(_training_rows(state)) if cfg.rank == "model" else None
         for name, prog in state["programs"].items():
-            picked = _round_candidates(name, prog, rules, cfg, k)
+            picked = _round_candidates(name, prog, rules, cfg, k, model)
             cands[name] = []
             for c in picked:
                 e = _entry(name, prog, c["text"], c["steps"], cfg, f"r{k}")
