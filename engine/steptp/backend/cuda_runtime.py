@@ -925,7 +925,10 @@ def time_function(module, device: str, args: Sequence, *, number: int, repeat: i
 def time_rounds(fns: Sequence[tuple], device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
                 max_number: int = 1_000_000, number: int | None = None) -> tuple[list[list[float]], int]:
     """The one calibrated timing loop of the package, for one or more loaded functions on
-    ``device``; each of ``fns`` is ``(module, func name, args)``.
+    ``device``; each of ``fns`` is ``(module, func name, args)``, or a *timer*: a callable
+    ``timer(number) -> seconds per call`` that makes one measurement of ``number`` calls
+    itself (the PyTorch baselines: :func:`steptp.runner.baseline.torch_timer`, which flushes
+    the L2 and times with CUDA events on ``cuda``; its warm-up calls are ``timer(1)``).
 
     ``warmup`` calls of each; then ``number`` calls per measurement: with ``min_repeat_ms``
     > 0 enough that one measurement of the fastest lasts that many milliseconds (probed with
@@ -937,25 +940,34 @@ def time_rounds(fns: Sequence[tuple], device: str, *, rounds: int, warmup: int =
     per round; number). Used by :func:`time_interleaved` (two functions: ``stp time``,
     ``dataset --time``, search, GPU packs) and :func:`steptp.runner.timing.measure` (one).
     Raises :class:`ExecError` on a fault."""
+    flush = l2_flush_bytes(device)
+
+    def one(fn, n: int) -> float:
+        if callable(fn):
+            return fn(n)
+        mod, func, args = fn
+        return time_function(mod, device, args, number=n, repeat=1, func=func, flush_bytes=flush)[0]
+
     try:
-        for mod, func, args in fns:
+        for fn in fns:
             for _ in range(warmup):
-                mod[func](*args)
+                if callable(fn):
+                    fn(1)
+                else:
+                    fn[0][fn[1]](*fn[2])
         sync(device)
     except Exception as e:  # noqa: BLE001
         raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
-    flush = l2_flush_bytes(device)
     if min_repeat_ms > 0:
-        probe = min(min(time_function(mod, device, args, number=1, repeat=3, func=func, flush_bytes=flush))
-                    for mod, func, args in fns)
+        probe = min(min(one(fn, 1) for _ in range(3)) for fn in fns)
         want = math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9))
         number = min(max_number, max(number or 1, want))
     number = number or 1
     times: list[list[float]] = [[] for _ in fns]
     order = list(zip(fns, times))
     for r in range(rounds):
-        for (mod, func, args), acc in (order if r % 2 == 0 else order[::-1]):
-            acc.append(time_function(mod, device, args, number=number, repeat=1, func=func, flush_bytes=flush)[0])
+        for fn, acc in (order if r % 2 == 0 else order[::-1]):
+            acc.append(one(fn, number))
     return times, number
 
 

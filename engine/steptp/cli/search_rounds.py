@@ -59,6 +59,12 @@ def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: 
         res = search_rounds(progs, out, cfg, load_rules(), write_pack, progress=say)
     except RoundsError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        fail("interrupted; the round state is kept: rerun the same command to continue", 1)
+    except OSError as e:
+        fail(f"{getattr(e, 'filename', None) or out}: {e.strerror or e}")
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback; the state of finished rounds is kept
+        fail(f"search failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}", 1)
     if res["status"] == "waiting":
         cmd = " ".join(shlex.quote(a) for a in sys.argv)
         typer.echo(f"round {res['round']}: waiting for measurements. On the GPU node run:\n"

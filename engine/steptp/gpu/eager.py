@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -69,37 +68,15 @@ def _arguments(example: list, prog: dict, inputs: dict, device: str):
     return args
 
 
-def _timer(fn: Callable, args: list, device: str, flush) -> Callable[[int], float]:
-    """Seconds per call of ``fn(*args)`` over ``number`` calls (one measurement)."""
-    import torch  # noqa: PLC0415
-
-    if device == "cuda":
-        def measure(number: int) -> float:
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(number):
-                fn(*args)
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e-3 / number
-    else:
-        def measure(number: int) -> float:
-            t0 = time.perf_counter()
-            for _ in range(number):
-                fn(*args)
-            return (time.perf_counter() - t0) / number
-    return measure
-
-
 def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], *, device: str,
             compile_: bool = False, rounds: int = 8, min_ms: float = 2.0) -> dict:
     """Time PyTorch eager (and with ``compile_`` ``torch.compile``) of the file ``path`` on
     ``inputs`` (trial 0's arrays by LEIR name; ``prog``: the pack manifest's program entry)
     interleaved with ``ours(number) -> seconds per call`` (the original's measurement), on
-    ``device`` (``cuda``, or ``cpu`` for the simulated device). Each measurement runs
-    ``number`` calls, calibrated so that one lasts ``min_ms`` milliseconds, after 3 warm-up
-    calls; ``rounds`` rounds. Returns ``{"eager_us", "compile_us" (with ``compile_``),
+    ``device`` (``cuda``, or ``cpu`` for the simulated device), by the one timing loop
+    (:func:`steptp.backend.cuda_runtime.time_rounds` with :func:`steptp.runner.baseline.torch_timer`):
+    after 3 warm-up calls, ``rounds`` interleaved rounds of one measurement each, ``number``
+    calls per measurement calibrated so that one of the fastest lasts ``min_ms`` milliseconds. Returns ``{"eager_us", "compile_us" (with ``compile_``),
     "original_us", "rounds", "device"}`` in microseconds per call (medians), or ``{"error":
     text}`` when the file cannot be loaded, its inputs do not match the program, or a call
     fails (never raises for the program's own errors)."""
@@ -121,28 +98,18 @@ def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], 
         with torch.no_grad():
             if compile_:
                 fns["compile_us"] = torch.compile(model)
-            flush = None
-            if device == "cuda":
-                from ..backend.cuda_runtime import l2_flush_bytes  # noqa: PLC0415
-
-                flush = torch.empty(max(1, l2_flush_bytes("cuda") // 4), dtype=torch.float32, device="cuda")
-            timers = {}
-            for k, fn in fns.items():
+            for fn in fns.values():
                 for _ in range(3):  # warm-up (and torch.compile's compilation) outside the timing
                     fn(*args)
-                timers[k] = _timer(fn, args, device, flush)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            probe = min(min(t(1) for _ in range(3)) for t in timers.values())
-            number = max(1, min(100_000, int(np.ceil(min_ms * 1e-3 / max(probe, 1e-9)))))
-            probe_ours = min(ours(1) for _ in range(3))
-            number_ours = max(1, min(100_000, int(np.ceil(min_ms * 1e-3 / max(probe_ours, 1e-9)))))
-            times: dict[str, list[float]] = {k: [] for k in ("original_us", *timers)}
-            for r in range(rounds):
-                order = [("original_us", lambda: ours(number_ours))] + [(k, (lambda t=t: t(number)))
-                                                                        for k, t in timers.items()]
-                for k, f in (order if r % 2 == 0 else order[::-1]):
-                    times[k].append(f())
+        from ..backend.cuda_runtime import l2_flush_bytes, time_rounds  # noqa: PLC0415
+        from ..runner.baseline import torch_timer  # noqa: PLC0415
+
+        flush = l2_flush_bytes(device) if device == "cuda" else 0
+        timers = {"original_us": ours, **{k: torch_timer(fn, args, device, flush) for k, fn in fns.items()}}
+        # the one timing loop: interleaved rounds, one calibrated number of calls for all
+        secs, _ = time_rounds(list(timers.values()), device, rounds=rounds, warmup=0, min_repeat_ms=min_ms,
+                              max_number=100_000)
+        times = dict(zip(timers, secs))
     except Exception as e:  # noqa: BLE001  (the program's own errors, a missing op...)
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
     finally:

@@ -46,7 +46,7 @@ FORMAT = "stp-gpu-pack/2"  # /1: references stored (data/*.npz) only; the runner
 
 #: Files of the package copied into a pack (runtime-only closure of :mod:`steptp.gpu.run`).
 RUNTIME_FILES = ("__init__.py", "backend/__init__.py", "backend/errors.py", "backend/cuda_runtime.py",
-                 "runner/__init__.py", "runner/inputs.py", "runner/tolerance.py", "runner/worker.py", "runner/pool.py",
+                 "runner/__init__.py", "runner/inputs.py", "runner/tolerance.py", "runner/worker.py", "runner/pool.py", "runner/baseline.py",
                  "runner/stats.py", "gpu/__init__.py", "gpu/run.py", "gpu/node.py", "gpu/eager.py")
 
 

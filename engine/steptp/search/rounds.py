@@ -157,6 +157,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
     ``per_rule`` per rule) and macro proposals (:data:`MACRO_RULES` applied at every site in
     turn, each step kept only when it verifies)."""
     from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
+    from ..engine.service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
 
     cur = LeirModule(root.signature, parse_leir(node.text).program)
     for rule in rules:
@@ -173,7 +174,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 step = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
             except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
                 continue
-            yield step.after, node.steps + [{"rule": rule.id, "site": str(step.site), "params": step.params}]
+            yield step.after, node.steps + [{"rule": rule.id, "site": str(step.site), "params": plain(step.params)}]
         if rule.id in MACRO_RULES:
             mod, steps = cur, list(node.steps)
             for _ in range(cfg.macro_steps):
@@ -185,7 +186,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 if not _verify(root, after, cfg):
                     break
                 mod = after
-                steps.append({"rule": rule.id, "site": str(step.site), "params": step.params})
+                steps.append({"rule": rule.id, "site": str(step.site), "params": plain(step.params)})
             if len(steps) > len(node.steps) + 1:
                 yield mod, steps
 
@@ -270,17 +271,27 @@ def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: 
 
 
 def _write_round(out: Path, k: int, entries: list[dict], write_pack: Callable[[Path, Path], dict]) -> Path:
+    """Write round ``k``'s ``dictionary.jsonl`` and build its pack, unless the same entries'
+    pack is already complete there (a command interrupted after the build); a pack of other
+    entries (an interrupted attempt that chose differently) is built again."""
+    import shutil  # noqa: PLC0415
+
     from ..io import write_jsonl_atomic  # noqa: PLC0415
 
     d = out / "rounds" / str(k)
     d.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(d / "dictionary.jsonl", entries)
-    if not (d / "pack" / "manifest.json").exists():
-        if (d / "pack").exists():
-            import shutil  # noqa: PLC0415
-
-            shutil.rmtree(d / "pack")  # an interrupted pack build: start it again
-        write_pack(d, d / "pack")
+    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries)
+    f = d / "dictionary.jsonl"
+    same = f.exists() and "".join(json.dumps(json.loads(x), sort_keys=True) + "\n"
+                                  for x in f.read_text(encoding="utf-8").splitlines() if x.strip()) == text
+    if same and (d / "pack" / "manifest.json").exists():
+        return d
+    write_jsonl_atomic(f, entries)
+    if (d / "pack").exists():
+        shutil.rmtree(d / "pack")
+    if (d / "results").exists():
+        shutil.rmtree(d / "results")  # results of another pack
+    write_pack(d, d / "pack")
     return d
 
 

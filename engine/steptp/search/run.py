@@ -158,8 +158,8 @@ def load_program(path: Path):
 
 
 def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.02) -> float:
-    """PyTorch eager run time (µs, median of ``repeat`` repetitions of at least
-    ``min_repeat_s`` each, after ``warmup`` calls) of a translation's model on its example
+    """PyTorch eager run time (µs, median of ``repeat`` measurements of at least
+    ``min_repeat_s`` each, after ``warmup`` calls; the one timing loop) of a translation's model on its example
     inputs, on the CPU with ONE intra-op thread (as the LEIR timings: TVM's pool runs one
     thread unless ``TVM_NUM_THREADS`` is set; several torch threads on a shared machine
     also spin against other processes and inflate small kernels' times by 1000x)."""
@@ -178,27 +178,16 @@ def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.
 
 
 def _eager(model, args, repeat: int, warmup: int, min_repeat_s: float) -> float:
-    import torch
+    """Median microseconds per call of ``model(*args)`` on the CPU by the one timing loop
+    (:func:`steptp.backend.cuda_runtime.time_rounds` over :func:`steptp.runner.baseline.torch_timer`)."""
+    import statistics
 
-    with torch.no_grad():
-        for _ in range(warmup):
-            model(*args)
-        n = 1
-        while True:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                model(*args)
-            dt = time.perf_counter() - t0
-            if dt >= min_repeat_s or n >= 1 << 20:
-                break
-            n *= 2
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                model(*args)
-            times.append((time.perf_counter() - t0) / n)
-    return statistics.median(times) * 1e6
+    from ..backend.cuda_runtime import time_rounds
+    from ..runner.baseline import torch_timer
+
+    secs, _ = time_rounds([torch_timer(model, args, "cpu")], "cpu", rounds=repeat, warmup=warmup,
+                          min_repeat_ms=min_repeat_s * 1e3, max_number=1 << 20)
+    return statistics.median(secs[0]) * 1e6
 
 
 # ---------------------------------------------------------------------------
