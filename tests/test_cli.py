@@ -260,18 +260,17 @@ def _cli_options() -> dict[str, list[tuple[str, str]]]:
 
 
 def test_one_meaning_per_flag_name():
-    """Issue 35: a flag name means one thing in every `stp <cmd> --help`, and says its unit.
-    (`stp gpu ...` is another engineer's module and follows later.)"""
-    opts = {k: [(c, h) for c, h in v if not c.startswith("gpu")] for k, v in _cli_options().items()}
-    opts = {k: v for k, v in opts.items() if v}
+    """Issue 35: a flag name means one thing in every `stp <cmd> --help` (`stp gpu` included),
+    and says its unit."""
+    opts = _cli_options()
     timeouts = opts["--timeout"]
-    assert {c for c, _ in timeouts} >= {"verify", "dataset", "eval", "search"}
+    assert {c for c, _ in timeouts} >= {"verify", "dataset", "eval", "search", "gpu run"}
     assert all(h.startswith("Seconds: time limit of one verification check") or
                h.startswith("Seconds: time limit of the verification check") for _, h in timeouts), timeouts
     assert all(h.startswith("Seconds: time limit of one endpoint request") for _, h in opts["--request-timeout"])
     assert [c for c, _ in opts["--rounds"]] == ["dataset"]  # derived rounds; trees are --trees
     assert [c for c, _ in opts["--trees"]] == ["costmodel train"]
-    assert "--batch" not in opts  # gpu pack's programs per library; the dataset's tasks: --programs-per-task
+    assert [c for c, _ in opts["--batch"]] == ["gpu pack"]  # programs per library; the dataset's: --programs-per-task
     assert all("worker processes" in h for _, h in opts["-j"]), opts["-j"]
     assert all("threads" in h for _, h in opts["--concurrency"])
     assert all("learn" not in h for _, h in opts["--device"])  # where to run, never which timings to learn

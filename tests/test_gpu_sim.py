@@ -260,7 +260,7 @@ def test_pack_run_runtime_only_then_merge(sim, tmp_path):
     marker = f"{fn}_kernel("
     assert marker in src
     res = tmp_path / "res"
-    r = run(base, "-S", "-s", "-m", "steptp.gpu.run", pack, "-o", res, "--time", "--rounds", "3", "--min-ms", "0.2", "-q",
+    r = run(base, "-S", "-s", "-m", "steptp.gpu.run", pack, "-o", res, "--time", "--repeat", "3", "--min-ms", "0.2", "-q",
             env={**ro, "STP_CUDA_SIM_FAULT": f"sticky:{marker}"})
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr

@@ -76,7 +76,9 @@ def run(pack_dir: Path = typer.Argument(..., help="Pack directory (stp gpu pack)
         outdir: Path = typer.Option(..., "-o", "--out", help="Results directory (resumable)."),
         time_it: bool = typer.Option(False, "--time", help="Time original vs transformed, interleaved."),
         deadline_s: Optional[float] = typer.Option(None, "--deadline-s", help="Stop cleanly after this many seconds."),
-        timeout: float = typer.Option(120.0, "--timeout", help="Limit of one entry's work in the worker, seconds."),
+        timeout: float = typer.Option(120.0, "--timeout", help="Seconds: time limit of one verification check on "
+                                                                     "the node (one entry's runs and timing in its "
+                                                                     "worker)."),
         jobs: Optional[int] = typer.Option(None, "-j", "--jobs", min=1,
                                            help="GPU worker processes (default: one per GPU), spread over the GPUs."),
         ref_jobs: Optional[int] = typer.Option(None, "--ref-jobs", min=1,

@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", action="store_true", help="time original vs transformed, interleaved")
     ap.add_argument("--deadline-s", type=float, default=None, help="stop cleanly after this many seconds")
     ap.add_argument("--timeout", type=float, default=120.0, help="limit of one run in the worker, seconds")
-    ap.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds (--time)")
+    ap.add_argument("--repeat", type=int, default=8, help="timing rounds: interleaved measurements of each (--time)")
     ap.add_argument("--min-ms", type=float, default=2.0, help="length of one timing measurement, milliseconds")
     ap.add_argument("-j", "--jobs", type=int, default=None,
                     help="GPU worker processes (default: one per GPU), spread over the GPUs")
@@ -561,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         a = ap.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    for flag, v in (("--jobs", 1 if a.jobs is None else a.jobs), ("--rounds", a.rounds), ("--chunk", a.chunk),
+    for flag, v in (("--jobs", 1 if a.jobs is None else a.jobs), ("--repeat", a.repeat), ("--chunk", a.chunk),
                     ("--ref-jobs", 1 if a.ref_jobs is None else a.ref_jobs)):
         if v < 1:
             print(f"error: {flag} {v}: must be at least 1", file=sys.stderr)
@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         s = run_pack(a.pack, a.out, timing=a.time, deadline_s=a.deadline_s, per_call_s=a.timeout,
-                     rounds=a.rounds, min_ms=a.min_ms, progress=not a.quiet, jobs=a.jobs, eager=not a.no_eager,
+                     rounds=a.repeat, min_ms=a.min_ms, progress=not a.quiet, jobs=a.jobs, eager=not a.no_eager,
                      compile_=a.compile, chunk=a.chunk, ref_jobs=a.ref_jobs)
     except PackRunError as e:
         print(f"error: {e}", file=sys.stderr)
