@@ -104,9 +104,10 @@ def _key(text: str) -> str:
 
 
 def _alpha_key(module: LeirModule) -> str:
+    """A short key equal for programs equal up to renaming (:func:`steptp.leir.alpha.alpha_normal`)."""
     from ..leir.alpha import alpha_normal  # noqa: PLC0415
 
-    return repr(alpha_normal(module.program, module.signature.names))
+    return _key(repr(alpha_normal(module.program, module.signature.names)))
 
 
 # --------------------------------------------------------------------------- state
