@@ -75,3 +75,17 @@ def test_runner_pack_refuses_what_it_cannot_do(tmp_path):
     r = subprocess.run([str(STP), "search", str(ROOT / "examples" / "softmax.leir"), "-o", str(tmp_path / "y"),
                         "--runner", "pack"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--device cuda" in r.stderr
+
+
+def test_a_round_does_not_depend_on_the_worker_count(tmp_path):
+    """-j 2 proposes and verifies the programs in two processes: the round's entries are the
+    same as in one."""
+    progs = [str(ROOT / "examples" / "softmax.leir"), str(ROOT / "examples" / "gelu.leir")]
+    rounds = {}
+    for j in ("1", "2"):
+        out = tmp_path / f"j{j}"
+        r = subprocess.run([str(STP), "search", *progs, "-o", str(out), "--device", "cuda", "--runner", "pack",
+                            "-n", "1", "--measure", "2", "-q", "-j", j], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 3, r.stdout + r.stderr
+        rounds[j] = (out / "rounds" / "0" / "dictionary.jsonl").read_text()
+    assert rounds["1"] == rounds["2"] and rounds["1"].count("\n") == 4

@@ -85,7 +85,10 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                            "OUT/rounds/<k>/pack for python -m steptp.gpu.run on a GPU node (exit 3 "
                                            "while waiting; rerun the same command with the results in place). "
                                            "Greedy and beam only."),
-           arch: str = typer.Option("sm_90", "--arch", help="--runner pack: the GPU node's architecture (sm_XY).")):
+           arch: str = typer.Option("sm_90", "--arch", help="--runner pack: the GPU node's architecture (sm_XY)."),
+           workers: int = typer.Option(1, "-j", "--workers", min=1,
+                                       help="--runner pack: worker processes proposing and verifying programs in "
+                                            "parallel (the rounds do not depend on it).")):
     """Search for a faster equivalent program: every candidate is verified against the root
     (3 seeded random + 2 ordered trials) and only Equal ones are timed (samples).
 
@@ -114,7 +117,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
 
         run_pack_search(programs, out, algorithm=algorithm, rounds=iterations or 4, beam=beam_k or 2,
                         measure=measure or 8, per_rule=min(per_rule, 4), seed=seed, arch=arch, timeout_s=timeout,
-                        quiet=quiet, rank=rank)
+                        quiet=quiet, rank=rank, workers=workers)
         return
     from ..search import ALGORITHMS, POLICIES, SearchConfig, SearchInputError, TargetUnavailable
     from ..search.run import export_chat as do_export

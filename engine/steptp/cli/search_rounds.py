@@ -17,7 +17,8 @@ EXIT_WAITING = 3
 
 
 def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: int, beam: int, measure: int,
-                    per_rule: int, seed: int, arch: str, timeout_s: float, quiet: bool, rank: str = "cost") -> None:
+                    per_rule: int, seed: int, arch: str, timeout_s: float, quiet: bool, rank: str = "cost",
+                    workers: int = 1) -> None:
     """Advance the round search in ``out``; exit 3 with the node's command while it waits for a
     round's measurements, 0 with the summary when done, 2 for bad input. See
     :mod:`steptp.search.rounds`."""
@@ -56,7 +57,7 @@ def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: 
             typer.echo(msg, err=True)
 
     try:
-        res = search_rounds(progs, out, cfg, load_rules(), write_pack, progress=say)
+        res = search_rounds(progs, out, cfg, load_rules(), write_pack, progress=say, workers=workers)
     except RoundsError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -240,16 +240,23 @@ def _scores(root_text: str, texts: list[str], model) -> list[float]:
     return [math.log(base / (estimate_gpu_ns(parse_leir(t).program) + 1.0)) for t in texts]
 
 
-def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: int, model=None) -> list[dict]:
-    """The candidates of one program for this round, verified and screened (module docstring):
-    the ``measure`` best by the learned ``model`` when given, else by the static GPU model."""
+def verified_candidates(name: str, prog: dict, cfg: RoundConfig, round_no: int, rules=None) -> tuple[list, list]:
+    """The proposals of one program's frontier for round ``round_no`` that verify Equal against
+    its root on the CPU, not tried before (up to renaming): ``([(est_ns, text, steps)], new
+    tried keys)``, in proposal order. ``rules``: loaded rules (None: the shipped ones, loaded
+    here: a worker process of :func:`search_rounds` with ``workers`` > 1). Deterministic for
+    ``cfg.seed``, the program and the round."""
     from ..search.cost_gpu import estimate_gpu_ns  # noqa: PLC0415
     from ..seeds import seeded_rng  # noqa: PLC0415
 
+    if rules is None:
+        from ..rules import load_rules  # noqa: PLC0415
+
+        rules = load_rules()
     root = parse_leir(prog["root"])
     rng = seeded_rng(cfg.seed, name, "rounds", str(round_no))
     seen = set(prog["tried"])
-    scored = []
+    new_keys, out = [], []
     for n in prog["frontier"]:
         node = Node(**n)
         for mod, steps in _proposals(rules, node, root, cfg, rng):
@@ -258,14 +265,34 @@ def _round_candidates(name: str, prog: dict, rules, cfg: RoundConfig, round_no: 
             if key in seen:
                 continue
             seen.add(key)
-            prog["tried"].append(key)
-            if not _verify(root, module, cfg):
-                continue
-            scored.append((estimate_gpu_ns(module.program), len(scored), module.text(), steps))
-    pred = _scores(prog["root"], [t for _, _, t, _ in scored], model)
-    order = sorted(range(len(scored)), key=lambda i: (-pred[i], i))
-    return [{"text": scored[i][2], "steps": scored[i][3], "est_ns": scored[i][0], "score": pred[i]}
+            new_keys.append(key)
+            if _verify(root, module, cfg):
+                out.append((estimate_gpu_ns(module.program), module.text(), steps))
+    return out, new_keys
+
+
+def _screen(prog: dict, verified: list, cfg: RoundConfig, model=None) -> list[dict]:
+    """The ``measure`` best of ``verified`` (:func:`verified_candidates`) by the learned
+    ``model`` when given, else by the static GPU model."""
+    pred = _scores(prog["root"], [t for _, t, _ in verified], model)
+    order = sorted(range(len(verified)), key=lambda i: (-pred[i], i))
+    return [{"text": verified[i][1], "steps": verified[i][2], "est_ns": verified[i][0], "score": pred[i]}
             for i in order[: cfg.measure]]
+
+
+def _all_verified(state: dict, cfg: RoundConfig, k: int, rules, workers: int) -> dict[str, tuple[list, list]]:
+    """:func:`verified_candidates` of every program, in this process or over ``workers`` spawn
+    processes (one program per task; results in program order, so the round does not depend
+    on the worker count)."""
+    items = list(state["programs"].items())
+    if workers <= 1 or len(items) <= 1:
+        return {name: verified_candidates(name, prog, cfg, k, rules) for name, prog in items}
+    import multiprocessing as mp  # noqa: PLC0415
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=mp.get_context("spawn")) as pool:
+        futs = [(name, pool.submit(verified_candidates, name, prog, cfg, k)) for name, prog in items]
+        return {name: f.result() for name, f in futs}
 
 
 # --------------------------------------------------------------------------- rounds
@@ -516,11 +543,13 @@ def report_md(summaries: list[dict]) -> str:
 
 
 def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules,
-                  write_pack: Callable[[Path, Path], dict], progress: Callable[[str], None] | None = None) -> dict:
+                  write_pack: Callable[[Path, Path], dict], progress: Callable[[str], None] | None = None,
+                  workers: int = 1) -> dict:
     """Advance the round search in ``out`` as far as it can go without the GPU node (module
     docstring). ``programs``: ``[{"name", "text" (.leir), "source" (.py path or None)}]``;
     ``rules``: loaded rules; ``write_pack(round_dir, pack_dir)`` builds the pack of a round
-    directory's ``dictionary.jsonl``. Returns ``{"status": "waiting", "round", "pack",
+    directory's ``dictionary.jsonl``; ``workers``: processes proposing and verifying programs in
+    parallel (each loads the shipped rules; the rounds are the same for any count). Returns ``{"status": "waiting", "round", "pack",
     "results"}`` when the node must run a pack, or ``{"status": "done", "summaries"}``. Raises
     :class:`RoundsError` for another search's state in ``out``."""
     say = progress or (lambda msg: None)
@@ -577,8 +606,11 @@ def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules
         entries, cands = [], {}
         t0 = time.perf_counter()
         model = learned_model(_training_rows(state)) if cfg.rank == "model" else None
+        verified = _all_verified(state, cfg, k, rules, workers)
         for name, prog in state["programs"].items():
-            picked = _round_candidates(name, prog, rules, cfg, k, model)
+            found, keys = verified[name]
+            prog["tried"].extend(keys)
+            picked = _screen(prog, found, cfg, model)
             cands[name] = []
             for c in picked:
                 e = _entry(name, prog, c["text"], c["steps"], cfg, f"r{k}")
