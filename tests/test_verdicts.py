@@ -246,3 +246,20 @@ def test_every_dataset_writes_an_rl_prompt_set_step_reward_reads(tmp_path):
     columns = {k: [ds[0][k]] * len(labels) for k in ds.column_names if k != "prompt"}
     got = rewards.step_reward([ds[0]["prompt"]] * len(labels), labels, **columns)
     assert got == [rewards.REWARDS["equal"]] * len(labels)
+
+
+def test_broken_rules_are_rule_errors_not_preflight_rejections_or_limits():
+    """A rule whose candidates the GPU preflight rejects on a program, or that hits a time limit
+    there, is not a broken rule; one whose template fails on every attempt is."""
+    from steptp.dataset.pipeline import broken_rules
+
+    attempts = [
+        {"rule": "binding", "outcome": "apply_error", "reason": "PreflightRejected: 2048 threads per block"},
+        {"rule": "slow", "outcome": "match_error", "reason": "WorkTimeout: rule slow: site enumeration"},
+        {"rule": "tpl", "outcome": "apply_error", "reason": "UndefinedError: 'no_such_variable' is undefined"},
+        {"rule": "tpl", "outcome": "apply_error", "reason": "UndefinedError: 'no_such_variable' is undefined"},
+        {"rule": "mixed", "outcome": "apply_error", "reason": "KeyError: 'x'"},
+        {"rule": "mixed", "outcome": "equal", "reason": ""},
+        {"rule": "flaky", "outcome": "infrastructure", "reason": "exec: worker process crashed (SIGKILL)"},
+    ]
+    assert broken_rules(attempts) == {"tpl": "UndefinedError: 'no_such_variable' is undefined"}

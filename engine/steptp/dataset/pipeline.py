@@ -301,14 +301,17 @@ def preference_pairs(chosen: list[dict], negatives: list[dict], seed: int = 0) -
 #: Attempt outcomes that are errors of the rule itself (its rewrite, its CoT template, its
 #: patterns), not verdicts on a candidate.
 RULE_ERROR_OUTCOMES = ("apply_error", "match_error")
-_LIMIT_ERRORS = ("WorkTimeout", "TimeoutError", "MemoryError")
+#: Failures that say nothing against the rule: limits (a large program) and the GPU preflight
+#: rejecting a candidate's result (a hardware limit of that program).
+_NOT_RULE_ERRORS = ("WorkTimeout", "TimeoutError", "MemoryError", "PreflightRejected")
 
 
 def broken_rules(attempts) -> dict[str, str]:
     """``{rule id: first error}`` for every rule all of whose attempts (at least one) failed
     with a rule error (:data:`RULE_ERROR_OUTCOMES`: an exception while matching or applying,
-    e.g. a CoT template with an undefined variable), time and memory limits excepted (those
-    say the program is large, not that the rule is broken). Hard negatives and infrastructure
+    e.g. a CoT template with an undefined variable), time and memory limits and GPU preflight
+    rejections excepted (those say the program is large or the hardware limited, not that the
+    rule is broken). Hard negatives and infrastructure
     failures do not count. Source: issue 34 (a broken template gave an empty dataset with
     exit 0)."""
     by_rule: dict[str, list[dict]] = defaultdict(list)
@@ -318,7 +321,7 @@ def broken_rules(attempts) -> dict[str, str]:
         by_rule[a["rule"]].append(a)
     out = {}
     for rule, atts in sorted(by_rule.items()):
-        if all(a["outcome"] in RULE_ERROR_OUTCOMES and not str(a.get("reason", "")).startswith(_LIMIT_ERRORS)
+        if all(a["outcome"] in RULE_ERROR_OUTCOMES and not str(a.get("reason", "")).startswith(_NOT_RULE_ERRORS)
                for a in atts):
             out[rule] = str(atts[0].get("reason", ""))[:300]
     return out
