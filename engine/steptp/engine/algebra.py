@@ -725,20 +725,11 @@ def _numeric_disagree(b: sp.Expr, a: sp.Expr, symbols, trials: int = 4) -> bool:
             vb, va = b.evalf(50, subs=point), a.evalf(50, subs=point)
         except (TypeError, ValueError, ZeroDivisionError):
             continue
-        # real 50-digit numbers stay sympy numbers (exp(1800) is finite there, not in float64)
+        # 50-digit numbers (real or complex) stay sympy numbers: exp(1800) is finite there, not
+        # in float64, and abs() of a complex one is its modulus
         if not (vb.is_number and va.is_number and vb.is_finite and va.is_finite):
             continue
-        if vb.is_real and va.is_real:
-            differ = _differs(vb, va)
-        else:
-            try:
-                cb, ca = complex(vb), complex(va)
-            except (TypeError, ValueError):
-                continue
-            if not all(math.isfinite(v) for v in (cb.real, cb.imag, ca.real, ca.imag)):
-                continue
-            differ = abs(cb - ca) > float(FOLDED_ROUNDING) * max(abs(cb), abs(ca), float(FOLDED_ROUNDING))
-        hits += bool(differ)
+        hits += bool(_differs(vb, va))
     return hits >= 2
 
 

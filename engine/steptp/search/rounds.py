@@ -154,9 +154,9 @@ def _verify(root: LeirModule, cand: LeirModule, cfg: RoundConfig) -> bool:
 
 
 def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: random.Random):
-    """``(module, steps)`` candidates of one frontier node: single steps (a seeded sample of
-    ``per_rule`` per rule) and macro proposals (:data:`MACRO_RULES` applied at every site in
-    turn, each step kept only when it verifies)."""
+    """``(module, steps, verified)`` candidates of one frontier node: single steps (a seeded
+    sample of ``per_rule`` per rule; ``verified`` False) and macro proposals (:data:`MACRO_RULES`
+    applied at every site in turn, each step kept only when it verifies; ``verified`` True)."""
     from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
     from ..engine.service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
 
@@ -175,7 +175,8 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 step = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
             except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
                 continue
-            yield step.after, node.steps + [{"rule": rule.id, "site": str(step.site), "params": plain(step.params)}]
+            yield step.after, node.steps + [{"rule": rule.id, "site": str(step.site), "params": plain(step.params)}], \
+                False
         if rule.id in MACRO_RULES:
             mod, steps = cur, list(node.steps)
             for _ in range(cfg.macro_steps):
@@ -189,14 +190,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 mod = after
                 steps.append({"rule": rule.id, "site": str(step.site), "params": plain(step.params)})
             if len(steps) > len(node.steps) + 1:
-                yield mod, steps
-
-
-def _program_text(text: str) -> str:
-    """The program part of a ``.leir`` text (what the cost models' features read)."""
-    from ..leir.printer import format_program  # noqa: PLC0415
-
-    return format_program(parse_leir(text).program)
+                yield mod, steps, True
 
 
 def _training_rows(state: dict, exclude: str | None = None) -> list[tuple[str, str, float]]:
@@ -225,28 +219,26 @@ def learned_model(rows: list[tuple[str, str, float]]):
         return None
     m = CostModel("cuda")
     for root, cand, ls in rows:
-        m.add_row(features_of(_program_text(root), "cuda"), features_of(_program_text(cand), "cuda"), ls)
+        m.add_row(features_of(parse_leir(root).program, "cuda"), features_of(parse_leir(cand).program, "cuda"), ls)
     return m.fit()
 
 
 def _scores(root_text: str, texts: list[str], model) -> list[float]:
     """Predicted ln speedups over the root: the learned model's, else the static GPU model's
-    ``ln(est_root / est_candidate)``."""
-    from .cost_gpu import estimate_gpu_ns  # noqa: PLC0415
+    (:func:`steptp.search.cost.static_scores` on ``cuda``)."""
+    from .cost import static_scores  # noqa: PLC0415
 
-    if model is not None:
-        return model.predict(_program_text(root_text), [_program_text(t) for t in texts])
-    base = estimate_gpu_ns(parse_leir(root_text).program) + 1.0
-    return [math.log(base / (estimate_gpu_ns(parse_leir(t).program) + 1.0)) for t in texts]
+    root = parse_leir(root_text).program
+    progs = [parse_leir(t).program for t in texts]
+    return model.predict(root, progs) if model is not None else static_scores(root, progs, "cuda")
 
 
 def verified_candidates(name: str, prog: dict, cfg: RoundConfig, round_no: int, rules=None) -> tuple[list, list]:
     """The proposals of one program's frontier for round ``round_no`` that verify Equal against
-    its root on the CPU, not tried before (up to renaming): ``([(est_ns, text, steps)], new
-    tried keys)``, in proposal order. ``rules``: loaded rules (None: the shipped ones, loaded
+    its root on the CPU, not tried before (up to renaming): ``([(text, steps)], new tried
+    keys)``, in proposal order. ``rules``: loaded rules (None: the shipped ones, loaded
     here: a worker process of :func:`search_rounds` with ``workers`` > 1). Deterministic for
     ``cfg.seed``, the program and the round."""
-    from ..search.cost_gpu import estimate_gpu_ns  # noqa: PLC0415
     from ..seeds import seeded_rng  # noqa: PLC0415
 
     if rules is None:
@@ -259,25 +251,24 @@ def verified_candidates(name: str, prog: dict, cfg: RoundConfig, round_no: int, 
     new_keys, out = [], []
     for n in prog["frontier"]:
         node = Node(**n)
-        for mod, steps in _proposals(rules, node, root, cfg, rng):
+        for mod, steps, verified in _proposals(rules, node, root, cfg, rng):
             module = LeirModule(root.signature, mod.program)
             key = _alpha_key(module)
             if key in seen:
                 continue
             seen.add(key)
             new_keys.append(key)
-            if _verify(root, module, cfg):
-                out.append((estimate_gpu_ns(module.program), module.text(), steps))
+            if verified or _verify(root, module, cfg):
+                out.append((module.text(), steps))
     return out, new_keys
 
 
 def _screen(prog: dict, verified: list, cfg: RoundConfig, model=None) -> list[dict]:
     """The ``measure`` best of ``verified`` (:func:`verified_candidates`) by the learned
     ``model`` when given, else by the static GPU model."""
-    pred = _scores(prog["root"], [t for _, t, _ in verified], model)
+    pred = _scores(prog["root"], [t for t, _ in verified], model)
     order = sorted(range(len(verified)), key=lambda i: (-pred[i], i))
-    return [{"text": verified[i][1], "steps": verified[i][2], "est_ns": verified[i][0], "score": pred[i]}
-            for i in order[: cfg.measure]]
+    return [{"text": verified[i][0], "steps": verified[i][1], "score": pred[i]} for i in order[: cfg.measure]]
 
 
 def _all_verified(state: dict, cfg: RoundConfig, k: int, rules, workers: int) -> dict[str, tuple[list, list]]:
@@ -396,7 +387,7 @@ def _consume(state: dict, d: Path, records: dict[str, dict], cfg: RoundConfig) -
                 prog["eager"] = {"eager_us": eager, "compile_us": comp}
             if m["original_us"] is not None:
                 prog["root_us"] = m["original_us"] if prog["root_us"] is None else min(prog["root_us"], m["original_us"])
-            prog["measured"][c["id"]] = {**m, "steps": c["steps"], "est_ns": c["est_ns"], "text": c["text"]}
+            prog["measured"][c["id"]] = {**m, "steps": c["steps"], "score": c["score"], "text": c["text"]}
             if not m["equal"]:
                 continue
             prog["samples"] += 1
