@@ -61,7 +61,8 @@ from .leir.printer import format_program
 # Tolerances: the one rule lives in steptp.runner.tolerance (it also runs on GPU nodes that
 # have only numpy); re-exported here.
 from .runner.tolerance import (TOLERANCES, _compare_float, _error_and_bound, _mismatch_detail, _rms,  # noqa: E402,F401
-                               _to_numpy, compare, dtype_code, excess_ratio, poison_array, poisoned_index)
+                               _to_numpy, compare, compare_trials, dtype_code, excess_ratio, poison_array,
+                               poisoned_index)
 
 
 def poisoned_elements(outputs: Mapping[str, np.ndarray], signature: Signature) -> str:
@@ -276,19 +277,9 @@ def _stage_word(e: BackendError) -> str:
 
 def _compare_all(res: VerifyResult, refs: list[Mapping], outs: list[Mapping], sig: Signature,
                  slacks: list[Mapping] | None = None) -> None:
-    max_abs, max_rel = 0.0, 0.0
-    first_bad = ""
-    for trial, (ref, out) in enumerate(zip(refs, outs)):
-        for t in sig.outputs:
-            if t.name not in ref:
-                raise ValueError(f"reference outputs lack tensor {t.name} (got {sorted(ref)})")
-            slack = slacks[trial].get(t.name, 0.0) if slacks else 0.0
-            ok, a, r = compare(ref[t.name], out[t.name], t.dtype, slack=slack)
-            max_abs, max_rel = max(max_abs, a), max(max_rel, r)
-            if not ok and not first_bad:
-                first_bad = _mismatch_detail(t.name, trial, ref[t.name], out[t.name], t.dtype, slack)
-        res.trials = trial + 1
-    res.max_abs_err, res.max_rel_err = max_abs, max_rel
+    first_bad, res.max_abs_err, res.max_rel_err = compare_trials(refs, outs, [(t.name, t.dtype) for t in sig.outputs],
+                                                                 slacks)
+    res.trials = min(len(refs), len(outs))
     res.equal = not first_bad
     res.reason = f"equal: {first_bad}" if first_bad else ""
 

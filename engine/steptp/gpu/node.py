@@ -34,7 +34,7 @@ from ..backend import cuda_runtime as cr
 from ..backend.errors import BackendError, ExecError
 from ..runner.inputs import TensorSpec, digest, trial_inputs
 from ..runner.stats import paired_speedup
-from ..runner.tolerance import _mismatch_detail, compare, dtype_code, poison_array, poisoned_index
+from ..runner.tolerance import compare_trials, dtype_code, poison_array, poisoned_index
 
 _STATE: dict = {}  # per worker process: manifests, libraries, original verdicts, eager timings
 _PROGRAMS: "OrderedDict[tuple, dict]" = OrderedDict()  # program data + device tensors, LRU
@@ -197,7 +197,7 @@ def _fill(d: dict, built, k: int) -> list:
 
 def run_check(pack: str, refdir: str | None, okey: str, where: dict) -> dict:
     """Run one pack function on its device on every trial (outputs poisoned) and compare
-    with the CPU references by :func:`steptp.runner.tolerance.compare` with the original's
+    with the CPU references by :func:`steptp.runner.tolerance.compare_trials` with the original's
     rounding allowance. Returns ``{exec, equal, max_abs_err, max_rel_err, trials, reason,
     first_call_ms}`` (``first_call_ms``: library load, if not loaded yet, + first trial, in
     milliseconds); raises :class:`ExecError` for a device fault (the worker is then
@@ -225,16 +225,9 @@ def run_check(pack: str, refdir: str | None, okey: str, where: dict) -> dict:
                 res.update(exec=False, reason=f"exec: trial {k}: output {p.name} element {hit[0]} ({hit[1]} in all) "
                                               "was never written (poisoned-buffer run)")
                 return res
-    bad = ""
-    for k, (ref, out) in enumerate(zip(d["refs"], outs)):
-        for name, r in ref.items():
-            code = dtype_code(d["specs"][name].dtype)
-            slack = float((d["slacks"][k] or {}).get(name, 0.0)) if k < len(d["slacks"]) else 0.0
-            ok, a, rel = compare(r, out[name], code, slack=slack)
-            res["max_abs_err"] = max(res["max_abs_err"], a)
-            res["max_rel_err"] = max(res["max_rel_err"], rel)
-            if not ok and not bad:
-                bad = _mismatch_detail(name, k, r, out[name], code, slack)
+    names = list(d["refs"][0]) if d["refs"] else []
+    bad, res["max_abs_err"], res["max_rel_err"] = compare_trials(
+        d["refs"], outs, [(n, dtype_code(d["specs"][n].dtype)) for n in names], d["slacks"])
     res["equal"] = not bad
     res["reason"] = f"equal: {bad}" if bad else ""
     for f in ("max_abs_err", "max_rel_err"):

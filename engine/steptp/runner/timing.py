@@ -246,7 +246,7 @@ def check_performance_form(module: LeirModule, seed: int = 0, kernel=None) -> No
     from ..backend.errors import FormMismatch  # noqa: PLC0415
     from ..backend.perf import build_perf_cpu, perf_cpu_text  # noqa: PLC0415
     from ..backend.tvmscript import lower_module  # noqa: PLC0415
-    from .tolerance import _mismatch_detail, compare as compare_outputs  # noqa: PLC0415
+    from .tolerance import compare_trials  # noqa: PLC0415
 
     key = (module.text(), int(seed))
     with _LOCK:
@@ -257,13 +257,11 @@ def check_performance_form(module: LeirModule, seed: int = 0, kernel=None) -> No
     ref = build_cpu(verification_text, module.signature)({k: v.copy() for k, v in x.items()})
     perf = kernel if kernel is not None else build_perf_cpu(module)
     got = perf({k: v.copy() for k, v in x.items()})
-    for t in module.signature.outputs:
-        ok, _, _ = compare_outputs(ref[t.name], got[t.name], t.dtype)
-        if not ok:
-            detail = _mismatch_detail(t.name, 0, ref[t.name], got[t.name], t.dtype)
-            raise FormMismatch(f"the CPU performance form disagrees with the verification form of program "
-                               f"'{module.signature.name}' ({detail}); its timing is not reported",
-                               verification_text, perf_cpu_text(module))
+    detail, _, _ = compare_trials([ref], [got], [(t.name, t.dtype) for t in module.signature.outputs])
+    if detail:
+        raise FormMismatch(f"the CPU performance form disagrees with the verification form of program "
+                           f"'{module.signature.name}' ({detail}); its timing is not reported",
+                           verification_text, perf_cpu_text(module))
     with _LOCK:
         _FORM_CHECKED[key] = ""
         while len(_FORM_CHECKED) > _CACHE_SIZE:

@@ -160,6 +160,32 @@ def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, co
             + (f" + the original's own rounding error allowance {slack:.3g}" if slack else ""))
 
 
+def compare_trials(refs, outs, outputs, slacks=None) -> tuple[str, float, float]:
+    """Compare every output of every trial by the tolerance rule (:func:`compare`).
+
+    ``refs`` / ``outs``: per trial ``{output name: array}``; ``outputs``: ``[(name, dtype)]``
+    compared in this order (dtype: a LEIR code or numpy/TVM name); ``slacks``: per trial
+    ``{name: allowance}`` (:func:`steptp.verify.rounding_slack`; a missing trial, None or name
+    allows 0). Returns ``(first, max_abs_err, max_rel_err)``: ``first`` the detail of the first
+    mismatch (:func:`_mismatch_detail`), '' when everything passes; the maxima over all
+    compared outputs. Raises ``ValueError`` when a reference lacks an output. The one
+    comparison loop of verification (:mod:`steptp.verify`), the timed form's check
+    (:mod:`steptp.runner.timing`) and GPU pack runs (:mod:`steptp.gpu.node`)."""
+    max_abs = max_rel = 0.0
+    first = ""
+    for trial, (ref, out) in enumerate(zip(refs, outs)):
+        allow = (slacks[trial] if slacks and trial < len(slacks) else None) or {}
+        for name, dtype in outputs:
+            if name not in ref:
+                raise ValueError(f"reference outputs lack tensor {name} (got {sorted(ref)})")
+            slack = float(allow.get(name, 0.0))
+            ok, a, r = compare(ref[name], out[name], dtype, slack=slack)
+            max_abs, max_rel = max(max_abs, a), max(max_rel, r)
+            if not ok and not first:
+                first = _mismatch_detail(name, trial, ref[name], out[name], dtype_code(dtype), slack)
+    return first, max_abs, max_rel
+
+
 #: Poison NaN of each floating point TVM dtype: ``(integer view dtype, bit pattern)``.
 #: Verification runs start every floating point intermediate and output as this NaN, so an
 #: element never written (or computed from one) is recognisable afterwards.
@@ -218,4 +244,4 @@ def excess_ratio(ref, out, dtype, slack: float = 0.0) -> float:
     return float(ratio.max())
 
 
-__all__ = ["TOLERANCES", "dtype_code", "compare", "excess_ratio", "POISON_BITS", "poison_array", "poisoned_index"]
+__all__ = ["TOLERANCES", "dtype_code", "compare", "compare_trials", "excess_ratio", "POISON_BITS", "poison_array", "poisoned_index"]
