@@ -395,6 +395,24 @@ def test_preflight_rejects_what_tvm_accepts(body, needle):
         cuda_source(m)
 
 
+def test_preflight_rejects_vector_code_tvm_gets_wrong_on_cuda():
+    """Seen on an H200 (issue 37's search, round 1): both Equal on the CPU; on the GPU the
+    2-lane f32 -> f16 conversion returned wrong values and the 2-lane bool load faulted with
+    a misaligned address. A vectorized equation of one dtype stays allowed."""
+    cast = mod("% program: s\n% input A: f32[64]\n% output C: f16[64]",
+               "B^{32}_{bx=0}V^{2}_{a=0}[E^{f16,l}_{bx*2+a}=A^{f32,g}_{bx*2+a};C^{f16,g}_{bx*2+a}=E^{f16,l}_{bx*2+a};];")
+    masked = mod("% program: m\n% input A: f64[1,64]\n% input M: bool[1,64]\n% output C: f64[1,64]",
+                 "B^{32}_{bx=0}V^{2}_{a=0}[C^{f64,g}_{0,bx*2+a}=A^{f64,g}_{0,bx*2+a}*M^{bool,g}_{0,bx*2+a};];")
+    for m, dts in ((cast, "f16/f32"), (masked, "bool/f64")):
+        problems = gpu_problems(m)
+        assert any(f"vectorized loop a (nest 0) around an equation of {dts}" in p for p in problems), problems
+        with pytest.raises(PreflightError):
+            preflight(m)
+    same = mod("% program: v\n% input A: f16[64]\n% output C: f16[64]",
+               "B^{32}_{bx=0}V^{2}_{a=0}[C^{f16,g}_{bx*2+a}=A^{f16,g}_{bx*2+a}*A^{f16,g}_{bx*2+a};];")
+    assert gpu_problems(same) == []
+
+
 def test_preflight_accepts_good_kernels():
     assert gpu_problems(mod(MATMUL_HDR, MATMUL_BODY)) == []
     assert gpu_problems(softmax("f16")) == []

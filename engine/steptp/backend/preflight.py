@@ -23,6 +23,10 @@ and loop, not a TIR node):
     kernel launch: ``tvm.compile(target=cuda)`` fails its thread-scope check);
   - a vectorized loop whose width has no CUDA vector type for a dtype it touches
     (:data:`~steptp.backend.hardware.CUDA_VECTOR_LANES`);
+  - a vectorized loop around an equation that mixes dtypes (a conversion in vector code) or
+    touches ``bool``: on an H200, TVM 0.27's CUDA code for ``E^{f16,l} = D^{f32,g}`` over 2
+    lanes returned wrong values and ``D^{f64} = A^{f64} * C^{bool}`` over 2 lanes stopped with
+    ``cudaErrorMisalignedAddress``, both Equal on the CPU;
   - a bound loop whose iterations (threads, blocks) touch the same element of a tensor
     written inside it: a reduction over ``blockIdx``, a race, or a read of another
     thread's value in the same step (the GPU's answer then differs from the sequential
@@ -495,7 +499,13 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
         for lid, l in c.loops:
             if l.kind != "V" or l.extent <= 1:
                 continue
-            for dt in sorted({info.dtype(t.name) for t in accesses(c.eq)}):
+            dts = sorted({info.dtype(t.name) for t in accesses(c.eq)})
+            if (len(dts) > 1 or "bool" in dts) and (lid, "mixed") not in seen_v:
+                seen_v.add((lid, "mixed"))
+                problems.append(f"vectorized loop {l.var} (nest {c.nest}) around an equation of {'/'.join(dts)}: TVM's "
+                                "CUDA vector code for dtype conversions and bool loads is wrong (wrong values, "
+                                "misaligned addresses)")
+            for dt in dts:
                 lanes = CUDA_VECTOR_LANES.get(dt)
                 if lanes is not None and l.extent not in lanes and (lid, dt) not in seen_v:
                     seen_v.add((lid, dt))

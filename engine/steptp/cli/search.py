@@ -88,7 +88,16 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
            arch: str = typer.Option("sm_90", "--arch", help="--runner pack: the GPU node's architecture (sm_XY)."),
            workers: int = typer.Option(1, "-j", "--workers", min=1,
                                        help="--runner pack: worker processes proposing and verifying programs in "
-                                            "parallel (the rounds do not depend on it).")):
+                                            "parallel (the rounds do not depend on it)."),
+           levels: int = typer.Option(1, "--levels", min=1,
+                                      help="--runner pack: tree levels expanded on this CPU per round before "
+                                           "measuring (the static GPU model picks the programs expanded further)."),
+           expand: int = typer.Option(2, "--expand", min=1,
+                                      help="--runner pack with --levels > 1: programs of a level expanded at the "
+                                           "next."),
+           no_sim: bool = typer.Option(False, "--no-sim",
+                                       help="--runner pack: packs without the simulated device's CPU builds (a "
+                                            "real GPU node does not need them).")):
     """Search for a faster equivalent program: every candidate is verified against the root
     (3 seeded random + 2 ordered trials) and only Equal ones are timed (samples).
 
@@ -117,7 +126,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
 
         run_pack_search(programs, out, algorithm=algorithm, rounds=iterations or 4, beam=beam_k or 2,
                         measure=measure or 8, per_rule=min(per_rule, 4), seed=seed, arch=arch, timeout_s=timeout,
-                        quiet=quiet, rank=rank, workers=workers)
+                        quiet=quiet, rank=rank, workers=workers, levels=levels, expand=expand, sim=not no_sim)
         return
     from ..search import ALGORITHMS, POLICIES, SearchConfig, SearchInputError, TargetUnavailable
     from ..search.run import export_chat as do_export

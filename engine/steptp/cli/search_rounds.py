@@ -18,7 +18,7 @@ EXIT_WAITING = 3
 
 def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: int, beam: int, measure: int,
                     per_rule: int, seed: int, arch: str, timeout_s: float, quiet: bool, rank: str = "cost",
-                    workers: int = 1) -> None:
+                    workers: int = 1, levels: int = 1, expand: int = 2, sim: bool = True) -> None:
     """Advance the round search in ``out``; exit 3 with the node's command while it waits for a
     round's measurements, 0 with the summary when done, 2 for bad input. See
     :mod:`steptp.search.rounds`."""
@@ -27,7 +27,8 @@ def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: 
     from ..search.rounds import RoundConfig, RoundsError, search_rounds
 
     cfg = RoundConfig(algorithm=algorithm, rounds=rounds, beam=beam, measure=measure, per_rule=per_rule, seed=seed,
-                      arch=arch, timeout_s=timeout_s, rank="model" if rank.startswith("model") else "cost")
+                      arch=arch, timeout_s=timeout_s, rank="model" if rank.startswith("model") else "cost",
+                      levels=levels, expand=expand)
     try:
         sources = discover([str(p) for p in programs])
     except (FileNotFoundError, ValueError) as e:
@@ -50,7 +51,7 @@ def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: 
     def write_pack(round_dir: Path, pack_dir: Path) -> dict:
         from ..gpu.pack import build_pack
 
-        return build_pack([str(round_dir)], pack_dir, arch=arch, sim=True)
+        return build_pack([str(round_dir)], pack_dir, arch=arch, sim=sim)
 
     def say(msg: str) -> None:
         if not quiet:
@@ -69,7 +70,8 @@ def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: 
     if res["status"] == "waiting":
         cmd = " ".join(shlex.quote(a) for a in sys.argv)
         typer.echo(f"round {res['round']}: waiting for measurements. On the GPU node run:\n"
-                   f"  python -m steptp.gpu.run {shlex.quote(res['pack'])} -o {shlex.quote(res['results'])} --time\n"
+                   f"  python -m steptp.gpu.run {shlex.quote(res['pack'])} -o {shlex.quote(res['results'])} --time "
+                   f"--retime-best 1\n"
                    f"then, with the results copied back to {res['results']}, run this command again:\n  {cmd}")
         raise typer.Exit(EXIT_WAITING)
     for sm in res["summaries"]:

@@ -55,21 +55,28 @@ def _worker_main(conn) -> None:  # pragma: no cover - runs in the child process
 def without_main_module():
     """Hide ``__main__``'s file/spec while a spawn child starts, so the child does not
     re-import the caller's script (the worker only runs functions of this package; an
-    unguarded script would otherwise run again in the child)."""
-    main = sys.modules.get("__main__")
-    saved = {}
-    for attr in ("__file__", "__spec__"):
-        if main is not None and hasattr(main, attr):
-            saved[attr] = getattr(main, attr)
-    try:
-        if "__file__" in saved:
-            del main.__file__
-        if "__spec__" in saved:
-            main.__spec__ = None
-        yield
-    finally:
-        for attr, val in saved.items():
-            setattr(main, attr, val)
+    unguarded script would otherwise run again in the child). Serialised: two threads starting
+    workers at once would otherwise restore ``__file__`` under each other, and a child started
+    in between re-imports the caller's module by path (seen on a GPU node, 8 reference threads
+    under ``python -m steptp.gpu.run``: ``attempted relative import with no known parent package``)."""
+    with _MAIN_LOCK:
+        main = sys.modules.get("__main__")
+        saved = {}
+        for attr in ("__file__", "__spec__"):
+            if main is not None and hasattr(main, attr):
+                saved[attr] = getattr(main, attr)
+        try:
+            if "__file__" in saved:
+                del main.__file__
+            if "__spec__" in saved:
+                main.__spec__ = None
+            yield
+        finally:
+            for attr, val in saved.items():
+                setattr(main, attr, val)
+
+
+_MAIN_LOCK = threading.RLock()
 
 
 _ENV_LOCK = threading.Lock()

@@ -56,6 +56,12 @@ ROUND_ALGORITHMS = ("greedy", "beam")
 MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion")
 
 
+#: Settings that may change between runs of one search (the rest must match the saved state):
+#: ``rounds`` (more continue a finished search, fewer end it at a waiting round) and
+#: ``measure`` (candidates per program of the rounds still to come).
+PER_RUN = ("rounds", "measure")
+
+
 class RoundsError(ValueError):
     """Bad input or state for a round search (one line, the CLI's exit 2)."""
 
@@ -80,6 +86,8 @@ class RoundConfig:
     timeout_s: float = 120.0
     macro_steps: int = 16
     rank: str = "cost"
+    levels: int = 1
+    expand: int = 2
 
     @property
     def width(self) -> int:
@@ -132,8 +140,11 @@ def _load_state(out: Path, programs: list[dict], cfg: RoundConfig) -> dict:
             state = json.loads(p.read_text(encoding="utf-8"))
         except ValueError as e:
             raise RoundsError(f"{p}: not a round state ({e})") from None
-        if state.get("config") != recorded or sorted(state.get("programs", {})) != sorted(x["name"] for x in programs):
+        same = {k: v for k, v in (state.get("config") or {}).items() if k not in PER_RUN} == \
+            {k: v for k, v in recorded.items() if k not in PER_RUN}
+        if not same or sorted(state.get("programs", {})) != sorted(x["name"] for x in programs):
             raise RoundsError(f"{out} holds a round search with other programs or settings; use another -o")
+        state["config"] = recorded  # PER_RUN settings may change between runs of the same search
         return state
     return {"format": "stp-search-rounds/1", "config": recorded, "round": 0, "phase": "search", "pending": None,
             "programs": {x["name"]: {"root": x["text"], "source": x.get("source"), "frontier": [asdict(Node(x["text"]))],
@@ -236,10 +247,15 @@ def _scores(root_text: str, texts: list[str], model) -> list[float]:
 def verified_candidates(name: str, prog: dict, cfg: RoundConfig, round_no: int, rules=None) -> tuple[list, list]:
     """The proposals of one program's frontier for round ``round_no`` that verify Equal against
     its root on the CPU, not tried before (up to renaming): ``([(text, steps)], new tried
-    keys)``, in proposal order. ``rules``: loaded rules (None: the shipped ones, loaded
-    here: a worker process of :func:`search_rounds` with ``workers`` > 1). Deterministic for
-    ``cfg.seed``, the program and the round."""
+    keys)``. ``cfg.levels`` levels are expanded (:class:`RoundConfig`). Within a level the
+    single-step proposals are ordered by the static GPU model
+    (:func:`steptp.search.cost.static_scores` on ``cuda``) and verified in that order until
+    ``cfg.measure`` of them verify (the rest could not enter the pack); macro proposals are
+    verified step by step as they are built. ``rules``: loaded rules (None: the shipped ones,
+    loaded here: a worker process of :func:`search_rounds` with ``workers`` > 1).
+    Deterministic for ``cfg.seed``, the program and the round."""
     from ..seeds import seeded_rng  # noqa: PLC0415
+    from .cost import static_scores  # noqa: PLC0415
 
     if rules is None:
         from ..rules import load_rules  # noqa: PLC0415
@@ -249,26 +265,58 @@ def verified_candidates(name: str, prog: dict, cfg: RoundConfig, round_no: int, 
     rng = seeded_rng(cfg.seed, name, "rounds", str(round_no))
     seen = set(prog["tried"])
     new_keys, out = [], []
-    for n in prog["frontier"]:
-        node = Node(**n)
-        for mod, steps, verified in _proposals(rules, node, root, cfg, rng):
-            module = LeirModule(root.signature, mod.program)
-            key = _alpha_key(module)
-            if key in seen:
-                continue
-            seen.add(key)
-            new_keys.append(key)
-            if verified or _verify(root, module, cfg):
-                out.append((module.text(), steps))
+    level = [Node(**n) for n in prog["frontier"]]
+    for lvl in range(max(1, cfg.levels)):
+        props = []  # (module, steps, verified)
+        for node in level:
+            for mod, steps, verified in _proposals(rules, node, root, cfg, rng):
+                module = LeirModule(root.signature, mod.program)
+                key = _alpha_key(module)
+                if key in seen:
+                    continue
+                seen.add(key)
+                new_keys.append(key)
+                props.append((module, steps, verified))
+        if not props:
+            break
+        pred = static_scores(root.program, [m.program for m, _, _ in props], "cuda")
+        order = sorted(range(len(props)), key=lambda i: (-pred[i], i))
+        found, singles = [], 0
+        for i in order:
+            module, steps, verified = props[i]
+            if not verified:
+                if singles >= cfg.measure:
+                    continue
+                if not _verify(root, module, cfg):
+                    continue
+                singles += 1
+            found.append((module.text(), steps, pred[i]))
+        out.extend((t, st) for t, st, _ in found)
+        pick = _diverse(list(range(len(found))), [st for _, st, _ in found], max(1, cfg.expand))
+        level = [Node(found[i][0], found[i][1]) for i in pick]
     return out, new_keys
+
+
+def _diverse(order: list[int], steps: list[list], n: int) -> list[int]:
+    """The first ``n`` of ``order`` (indices, best first), taking first the best of each
+    distinct sequence of rules in ``steps`` (candidates that differ only in a parameter,
+    e.g. the bound axis, are mostly the same program to a GPU), then the rest in order."""
+    first, rest, kinds = [], [], set()
+    for i in order:
+        kind = tuple(s["rule"] for s in steps[i])
+        (rest if kind in kinds else first).append(i)
+        kinds.add(kind)
+    return (first + rest)[:n]
 
 
 def _screen(prog: dict, verified: list, cfg: RoundConfig, model=None) -> list[dict]:
     """The ``measure`` best of ``verified`` (:func:`verified_candidates`) by the learned
-    ``model`` when given, else by the static GPU model."""
+    ``model`` when given, else by the static GPU model, the best of each distinct rule
+    sequence first (:func:`_diverse`)."""
     pred = _scores(prog["root"], [t for t, _ in verified], model)
     order = sorted(range(len(verified)), key=lambda i: (-pred[i], i))
-    return [{"text": verified[i][0], "steps": verified[i][1], "score": pred[i]} for i in order[: cfg.measure]]
+    pick = _diverse(order, [st for _, st in verified], cfg.measure)
+    return [{"text": verified[i][0], "steps": verified[i][1], "score": pred[i]} for i in pick]
 
 
 def _all_verified(state: dict, cfg: RoundConfig, k: int, rules, workers: int) -> dict[str, tuple[list, list]]:
@@ -345,6 +393,21 @@ def _results(d: Path) -> dict[str, dict] | None:
     return got if want <= set(got) else None
 
 
+def _retime_records(d: Path) -> dict[str, dict]:
+    """The node's second measurements of round directory ``d`` (``results/retime.jsonl`` from
+    ``python -m steptp.gpu.run ... --retime-best K``) by entry id; empty when there are none."""
+    res = d / "results" / "retime.jsonl"
+    got = {}
+    if res.exists():
+        for line in res.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            got[r["id"]] = r
+    return got
+
+
 def _eager_us(rec: dict) -> tuple[float | None, float | None]:
     e = rec.get("eager") or {}
     return e.get("eager_us"), e.get("compile_us")
@@ -371,8 +434,10 @@ def _measured(rec: dict) -> dict:
 
 
 def _consume(state: dict, d: Path, records: dict[str, dict], cfg: RoundConfig) -> None:
-    """Update every program's samples and frontier from a search round's records."""
+    """Update every program's samples and frontier from a search round's records (and the
+    node's re-time records, ``retime.jsonl``, kept beside the candidate they measured again)."""
     pending = state["pending"]
+    again = _retime_records(d)
     for name, cands in pending["candidates"].items():
         prog = state["programs"][name]
         nodes = [Node(**n) for n in prog["frontier"]]
@@ -388,6 +453,8 @@ def _consume(state: dict, d: Path, records: dict[str, dict], cfg: RoundConfig) -
             if m["original_us"] is not None:
                 prog["root_us"] = m["original_us"] if prog["root_us"] is None else min(prog["root_us"], m["original_us"])
             prog["measured"][c["id"]] = {**m, "steps": c["steps"], "score": c["score"], "text": c["text"]}
+            if c["id"] in again:
+                prog["measured"][c["id"]]["retime_record"] = again[c["id"]]
             if not m["equal"]:
                 continue
             prog["samples"] += 1
@@ -402,6 +469,18 @@ def _consume(state: dict, d: Path, records: dict[str, dict], cfg: RoundConfig) -
                                 "best_speedup": prog["frontier"][0]["speedup"], "improved": improved})
 
 
+def _node_retime(prog: dict) -> dict | None:
+    """The node's second measurement of the program's best (its frontier's first), taken in
+    the round that measured it (``--retime-best``), or None."""
+    best = prog["frontier"][0]
+    if not best.get("steps"):
+        return None
+    for m in prog["measured"].values():
+        if m.get("text") == best["text"] and m.get("retime_record") is not None:
+            return m["retime_record"]
+    return None
+
+
 def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: RoundConfig) -> list[dict]:
     """``summary.json`` per program (in ``OUT/<program>/``), the combined ``summary.json`` and
     ``report.md`` from the re-time round's records."""
@@ -410,6 +489,7 @@ def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: Roun
     summaries = []
     retime = (state.get("pending") or {}).get("retime", {})
     for name, prog in state["programs"].items():
+        kept = _node_retime(prog)
         best = Node(**prog["frontier"][0])
         sm = {"program": name, "algorithm": cfg.algorithm, "runner": "pack", "device": "cuda",
               "rounds": len(prog["history"]), "samples": prog["samples"], "strategies": sorted(
@@ -417,7 +497,7 @@ def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: Roun
               "speedup_vs_eager": None, "eager_reason": "", "root_us": prog["root_us"], "best_us": None,
               "eager_us": None, "compile_us": None, "retimed": False, "reason": ""}
         rid = retime.get(name)
-        rec = (records or {}).get(rid) if rid else None
+        rec = (records or {}).get(rid) if rid else kept
         if rec is not None:
             m = _measured(rec)
             sm["retimed"] = True
@@ -533,6 +613,12 @@ def report_md(summaries: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stalled(state: dict) -> bool:
+    """True when the last measured round improved no program's best."""
+    last = [p["history"][-1] for p in state["programs"].values() if p["history"]]
+    return bool(last) and not any(h["improved"] for h in last)
+
+
 def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules,
                   write_pack: Callable[[Path, Path], dict], progress: Callable[[str], None] | None = None,
                   workers: int = 1) -> dict:
@@ -554,6 +640,9 @@ def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules
         if pending is not None:
             d = out / "rounds" / str(pending["round"])
             records = _results(d)
+            if records is None and state["phase"] == "search" and pending["round"] >= cfg.rounds:
+                state["pending"] = None  # -n lowered while a round waited: end with what was measured
+                continue
             if records is None:
                 _save(out, state)
                 return {"status": "waiting", "round": pending["round"], "pack": str(d / "pack"),
@@ -568,18 +657,26 @@ def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules
             state["pending"] = None
             _save(out, state)
             continue
+        if state["phase"] == "done" and state["round"] < cfg.rounds and not _stalled(state):
+            # -n raised after the end: search on from the frontier, in a round directory of its own
+            rounds_dir = out / "rounds"
+            used = [int(x.name) for x in rounds_dir.iterdir() if x.is_dir() and x.name.isdigit()]
+            state["round"] = max([state["round"], *[u + 1 for u in used]])
+            state["phase"] = "search"
+            if state["round"] >= cfg.rounds:
+                state["phase"] = "done"
         if state["phase"] == "done":
             return {"status": "done", "summaries": [json.loads((out / n / "summary.json").read_text())
                                                     for n in state["programs"]]}
-        last = [p["history"][-1] for p in state["programs"].values() if p["history"]]
-        stalled = bool(last) and not any(h["improved"] for h in last)
+        stalled = _stalled(state)
         k = state["round"]
         if k >= cfg.rounds or stalled:
-            # the re-time round: each program's best again, in a fresh pack
+            # the re-time round: each program's best again, in a fresh pack (unless the node
+            # measured it a second time in its own round: --retime-best)
             entries, retime = [], {}
             for name, prog in state["programs"].items():
                 best = Node(**prog["frontier"][0])
-                if best.steps:
+                if best.steps and _node_retime(prog) is None:
                     e = _entry(name, prog, best.text, best.steps, cfg, "retime")
                     entries.append(e)
                     retime[name] = e["id"]
