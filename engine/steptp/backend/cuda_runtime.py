@@ -923,21 +923,23 @@ def time_function(module, device: str, args: Sequence, *, number: int, repeat: i
 
 
 def time_rounds(fns: Sequence[tuple], device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
-                max_number: int = 1_000_000, number: int | None = None) -> tuple[list[list[float]], int]:
+                max_number: int = 1_000_000, number: int | None = None) -> tuple[list[list[float]], list[int]]:
     """The one calibrated timing loop of the package, for one or more loaded functions on
     ``device``; each of ``fns`` is ``(module, func name, args)``, or a *timer*: a callable
     ``timer(number) -> seconds per call`` that makes one measurement of ``number`` calls
     itself (the PyTorch baselines: :func:`steptp.runner.baseline.torch_timer`, which flushes
     the L2 and times with CUDA events on ``cuda``; its warm-up calls are ``timer(1)``).
 
-    ``warmup`` calls of each; then ``number`` calls per measurement: with ``min_repeat_ms``
-    > 0 enough that one measurement of the fastest lasts that many milliseconds (probed with
-    3 single calls each; at least ``number`` when given, at most ``max_number``), else
-    ``number`` (1 when None); then ``rounds`` rounds of one :func:`time_function`
-    measurement of each, the order reversed every other round (A B, B A, A B ...: drift hits
-    all alike; on ``cuda`` each measurement starts from a flushed L2,
+    ``warmup`` calls of each; then a number of calls per measurement *for each function*: with
+    ``min_repeat_ms`` > 0 enough that one measurement of it lasts that many milliseconds
+    (probed with 3 single calls; at least ``number`` when given, at most ``max_number``), as
+    TVM's ``time_evaluator`` calibrates each function; else ``number`` (1 when None). (One
+    number for all, fitted to the fastest, ran a 10 ms original 80 times per measurement
+    beside a 24 µs candidate: 3 s per GPU pack entry on an H200.) Then ``rounds`` rounds of
+    one :func:`time_function` measurement of each, the order reversed every other round (A B,
+    B A, A B ...: drift hits all alike; on ``cuda`` each measurement starts from a flushed L2,
     :func:`l2_flush_bytes`). Returns (seconds per call, one list per function with one value
-    per round; number). Used by :func:`time_interleaved` (two functions: ``stp time``,
+    per round; the number of calls per measurement of each function). Used by :func:`time_interleaved` (two functions: ``stp time``,
     ``dataset --time``, search, GPU packs) and :func:`steptp.runner.timing.measure` (one).
     Raises :class:`ExecError` on a fault."""
     flush = l2_flush_bytes(device)
@@ -958,27 +960,29 @@ def time_rounds(fns: Sequence[tuple], device: str, *, rounds: int, warmup: int =
         sync(device)
     except Exception as e:  # noqa: BLE001
         raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
+    numbers = [number or 1] * len(fns)
     if min_repeat_ms > 0:
-        probe = min(min(one(fn, 1) for _ in range(3)) for fn in fns)
-        want = math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9))
-        number = min(max_number, max(number or 1, want))
-    number = number or 1
+        for i, fn in enumerate(fns):
+            probe = min(one(fn, 1) for _ in range(3))
+            want = math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9))
+            numbers[i] = min(max_number, max(number or 1, want))
     times: list[list[float]] = [[] for _ in fns]
-    order = list(zip(fns, times))
+    order = list(zip(fns, times, numbers))
     for r in range(rounds):
-        for fn, acc in (order if r % 2 == 0 else order[::-1]):
-            acc.append(one(fn, number))
-    return times, number
+        for fn, acc, n in (order if r % 2 == 0 else order[::-1]):
+            acc.append(one(fn, n))
+    return times, numbers
 
 
 def time_interleaved(a: tuple, b: tuple, device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
-                     max_number: int = 1_000_000) -> tuple[list[float], list[float], int]:
+                     max_number: int = 1_000_000) -> tuple[list[float], list[float], list[int]]:
     """Interleaved timing of two loaded functions on ``device`` (``a`` and ``b`` are
     ``(module, func name, args)``): :func:`time_rounds` of the pair. Returns (seconds per
-    call of A per round, of B per round, number). Raises :class:`ExecError` on a fault."""
-    (ta, tb), number = time_rounds((a, b), device, rounds=rounds, warmup=warmup, min_repeat_ms=min_repeat_ms,
-                                   max_number=max_number)
-    return ta, tb, number
+    call of A per round, of B per round, [calls per measurement of A, of B]). Raises
+    :class:`ExecError` on a fault."""
+    (ta, tb), numbers = time_rounds((a, b), device, rounds=rounds, warmup=warmup, min_repeat_ms=min_repeat_ms,
+                                    max_number=max_number)
+    return ta, tb, numbers
 
 
 __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",

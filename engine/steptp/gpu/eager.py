@@ -106,7 +106,7 @@ def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], 
 
         flush = l2_flush_bytes(device) if device == "cuda" else 0
         timers = {"original_us": ours, **{k: torch_timer(fn, args, device, flush) for k, fn in fns.items()}}
-        # the one timing loop: interleaved rounds, one calibrated number of calls for all
+        # the one timing loop: interleaved rounds, calls per measurement calibrated for each
         secs, _ = time_rounds(list(timers.values()), device, rounds=rounds, warmup=0, min_repeat_ms=min_ms,
                               max_number=100_000)
         times = dict(zip(timers, secs))

@@ -239,8 +239,8 @@ def run_check(pack: str, refdir: str | None, okey: str, where: dict) -> dict:
 def time_pair(pack: str, refdir: str | None, okey: str, a: dict, b: dict, rounds: int = 8,
               min_ms: float = 2.0) -> dict:
     """Interleaved timing of functions ``a`` (baseline) and ``b`` on trial 0's inputs (the
-    worker's tensors): 3 warm-up calls each, ``number`` calibrated so one measurement lasts
-    ``min_ms`` milliseconds, then ``rounds`` rounds of one ``time_evaluator`` measurement
+    worker's tensors): 3 warm-up calls each, the calls per measurement of each calibrated so
+    one measurement lasts ``min_ms`` milliseconds, then ``rounds`` rounds of one ``time_evaluator`` measurement
     each, A B, B A ... (on CUDA each from a flushed L2). Returns ``{original_us,
     transformed_us, speedup, ci, verdict, number, rounds, device}`` (microseconds per call;
     :func:`steptp.runner.stats.paired_speedup`). Raises :class:`ExecError` on a device fault."""
@@ -252,7 +252,8 @@ def time_pair(pack: str, refdir: str | None, okey: str, a: dict, b: dict, rounds
                                          rounds=rounds, warmup=3, min_repeat_ms=min_ms, max_number=100_000)
     st = paired_speedup(ta, tb)
     return {"original_us": st["a_median"] * 1e6, "transformed_us": st["b_median"] * 1e6, "speedup": st["speedup"],
-            "ci": st["ci"], "verdict": st["verdict"], "number": number, "rounds": rounds,
+            "ci": st["ci"], "verdict": st["verdict"], "number": number[1], "original_number": number[0],
+            "rounds": rounds,
             "device": "cuda-sim" if cr.simulated() else "cuda"}
 
 

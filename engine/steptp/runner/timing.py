@@ -222,8 +222,8 @@ def _run_protocol(mod, device: str, args: list, number: int | None, repeat: int,
     per measurement, number)."""
     from ..backend.cuda_runtime import time_rounds  # noqa: PLC0415
 
-    (secs,), number = time_rounds([(mod, "main", args)], device, rounds=repeat, warmup=warmup,
-                                  min_repeat_ms=min_repeat_ms, max_number=MAX_NUMBER, number=number)
+    (secs,), (number,) = time_rounds([(mod, "main", args)], device, rounds=repeat, warmup=warmup,
+                                     min_repeat_ms=min_repeat_ms, max_number=MAX_NUMBER, number=number)
     return secs, number
 
 
@@ -328,7 +328,8 @@ class Comparison:
     measurements; ``speedup`` is the median of the paired ratios baseline/candidate with a
     bootstrap ``ci`` (95 %); ``verdict`` is ``faster`` / ``slower`` only when the interval
     excludes 1, else ``same`` (:func:`steptp.runner.stats.paired_speedup`). ``number``: calls
-    per measurement (the same for both), ``device``, ``threads``."""
+    per measurement of the candidate, ``baseline_number`` of the baseline (each calibrated to
+    ``min_repeat_ms``), ``device``, ``threads``."""
 
     baseline_us: float
     candidate_us: float
@@ -339,6 +340,7 @@ class Comparison:
     number: int
     device: str
     threads: int = 1
+    baseline_number: int | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready dict (``ci`` a list)."""
@@ -350,8 +352,8 @@ class Comparison:
 def compare(baseline: LeirModule, candidate: LeirModule, device: str = "cpu", *, rounds: int = DEFAULT_ROUNDS,
             warmup: int = DEFAULT_WARMUP, min_repeat_ms: float = DEFAULT_MIN_REPEAT_MS, seed: int = 0) -> Comparison:
     """Time ``baseline`` and ``candidate`` (same signature) **interleaved** in one process on
-    the same seeded inputs: ``warmup`` calls of each, ``number`` calibrated so that one
-    measurement of the faster lasts ``min_repeat_ms``, then ``rounds`` rounds of one
+    the same seeded inputs: ``warmup`` calls of each, the calls per measurement of each
+    calibrated so that one measurement lasts ``min_repeat_ms``, then ``rounds`` rounds of one
     ``time_evaluator`` measurement each, in the order AB, BA, AB ... (drift and a warm or cold
     machine hit both alike). Returns a :class:`Comparison`. On ``cuda`` it runs in a worker
     process discarded after any CUDA error. Raises ``ValueError`` (bad settings, different
@@ -380,8 +382,8 @@ def compare(baseline: LeirModule, candidate: LeirModule, device: str = "cpu", *,
 
     st = paired_speedup(ta, tb, seed=seed)
     return Comparison(baseline_us=st["a_median"] * 1e6, candidate_us=st["b_median"] * 1e6, speedup=st["speedup"],
-                      ci=(st["ci"][0], st["ci"][1]), verdict=st["verdict"], rounds=rounds, number=n, device=device,
-                      threads=threads)
+                      ci=(st["ci"][0], st["ci"][1]), verdict=st["verdict"], rounds=rounds, number=n[1], device=device,
+                      threads=threads, baseline_number=n[0])
 
 
 def _sig_key(m: LeirModule):
@@ -389,9 +391,9 @@ def _sig_key(m: LeirModule):
 
 
 def compare_here(text_a: str, text_b: str, device: str, limits, rounds: int, warmup: int, min_repeat_ms: float,
-                 seed: int) -> tuple[list[float], list[float], int]:
+                 seed: int) -> tuple[list[float], list[float], list[int]]:
     """The measurements of :func:`compare` in this process: (seconds per call of A per
-    round, of B per round, number)."""
+    round, of B per round, [calls per measurement of A, of B])."""
     import tempfile  # noqa: PLC0415
 
     from ..backend.cuda_runtime import device_args, load_built, time_interleaved  # noqa: PLC0415
