@@ -144,3 +144,43 @@ def test_levels_and_a_retime_taken_by_the_node_in_the_same_call(tmp_path):
         assert sm["retimed"] and sm["speedup_ci"][0] > 1.0
     else:
         assert sm["reason"] and sm["speedup"] == 1.0
+
+
+def test_shipped_gpu_samples_and_their_export(tmp_path, monkeypatch):
+    """The package ships the H200 search's GPU samples (the default GPU model's rows): every
+    row's texts parse, a searched program's own rows are left out, export_samples writes
+    the same rows back from a round state, and the shipped model ranks held out by program."""
+    import math
+
+    from steptp.leir import parse_leir
+    from steptp.search import rounds as R
+
+    rows = R.shipped_rows()
+    assert len(rows) >= 700 and R.SHIPPED_SAMPLES.stat().st_size < 200_000
+    roots = sorted({r[0] for r in rows})
+    assert len(roots) == 40
+    for root, cand, ls in rows[:25]:
+        parse_leir(root), parse_leir(cand)
+        assert math.isfinite(ls)
+    mine = [r for r in rows if r[0] == roots[0]]
+    assert mine and len(R.shipped_rows([roots[0]])) == len(rows) - len(mine)
+    # a round state holding two programs' rows: export, read back through shipped_rows
+    state = {"programs": {}}
+    for n, root in enumerate(roots[:2]):
+        state["programs"][f"p{n}"] = {"root": root, "measured": {
+            f"c{i}": {"equal": True, "speedup": math.exp(ls), "text": cand}
+            for i, (_, cand, ls) in enumerate(r for r in rows if r[0] == root)}}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    out = tmp_path / "s.json.gz"
+    counts = R.export_samples(tmp_path / "state.json", out, "test GPU")
+    assert counts["programs"] == 2 and counts["rows"] == sum(len(p["measured"]) for p in state["programs"].values())
+    monkeypatch.setattr(R, "SHIPPED_SAMPLES", out)
+    monkeypatch.setattr(R, "_SHIPPED", None)
+    back = R.shipped_rows()
+    assert sorted((a, b) for a, b, _ in back) == sorted((a, b) for a, b, _ in rows if a in roots[:2])
+    assert all(abs(x - y) < 1e-5 for x, y in zip(sorted(c for *_, c in back),
+                                                    sorted(c for a, _, c in rows if a in roots[:2])))
+    # held out by program: each program is ranked by a model of the other's rows only
+    rank = R.ranking_quality(state)
+    assert rank["shipped"]["groups"] == 2 and rank["shipped"]["tau"] is not None
+    monkeypatch.setattr(R, "_SHIPPED", None)

@@ -217,6 +217,55 @@ def _training_rows(state: dict, exclude: str | None = None) -> list[tuple[str, s
     return rows
 
 
+#: GPU timings shipped with the package (``stp-gpu-samples/1``, gzipped JSON): the samples of
+#: the 40-program corpus search measured on an NVIDIA H200 (issue 37), written by
+#: :func:`export_samples`. ``--rank model`` starts from them (the default GPU model).
+SHIPPED_SAMPLES = Path(__file__).with_name("data") / "gpu_samples_h200.json.gz"
+
+
+def export_samples(state_path: str | Path, out: str | Path, device: str) -> dict:
+    """Write the GPU samples of a round search (``OUT/rounds/state.json``: every candidate
+    Equal on the GPU and timed) to ``out`` as ``stp-gpu-samples/1`` (gzipped JSON: ``roots``
+    by key, ``rows`` ``[root key, candidate .leir, ln speedup]``, ``device``). Returns the
+    counts. Raises ``OSError``/``ValueError`` for an unreadable state."""
+    import gzip  # noqa: PLC0415
+
+    state = json.loads(Path(state_path).read_text(encoding="utf-8"))
+    roots, rows = {}, []
+    for prog in state["programs"].values():
+        key = _key(prog["root"])
+        for m in prog["measured"].values():
+            if m.get("equal") and m.get("speedup") and m.get("text"):
+                roots[key] = prog["root"]
+                rows.append([key, m["text"], round(math.log(float(m["speedup"])), 6)])
+    doc = {"format": "stp-gpu-samples/1", "device": device, "roots": roots, "rows": rows}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out, "wt", encoding="utf-8") as fh:
+        json.dump(doc, fh, separators=(",", ":"))
+    return {"programs": len(roots), "rows": len(rows)}
+
+
+_SHIPPED: list | None = None
+
+
+def shipped_rows(exclude_roots=()) -> list[tuple[str, str, float]]:
+    """``(root text, candidate text, ln speedup)`` of :data:`SHIPPED_SAMPLES` (empty when the
+    file is missing), without the rows of programs whose root text is in ``exclude_roots``
+    (a search of those programs is not helped by their own timings)."""
+    global _SHIPPED
+    if _SHIPPED is None:
+        import gzip  # noqa: PLC0415
+
+        try:
+            with gzip.open(SHIPPED_SAMPLES, "rt", encoding="utf-8") as fh:
+                doc = json.load(fh)
+            _SHIPPED = [(doc["roots"][k], text, float(ls)) for k, text, ls in doc["rows"]]
+        except (OSError, ValueError, KeyError):
+            _SHIPPED = []
+    skip = {_key(t) for t in exclude_roots}
+    return [r for r in _SHIPPED if _key(r[0]) not in skip]
+
+
 def learned_model(rows: list[tuple[str, str, float]]):
     """A :class:`steptp.search.costmodel.CostModel` for ``cuda`` fitted on ``rows``
     (:func:`_training_rows`), or None with fewer than 4 rows or without LightGBM."""
@@ -539,12 +588,14 @@ def _finalize(state: dict, records: dict[str, dict] | None, out: Path, cfg: Roun
 def ranking_quality(state: dict, k: int = 3) -> dict:
     """How well the GPU cost models ranked what the node measured, per program (its Equal,
     timed candidates of every round; programs with at least two distinct speedups): mean
-    Kendall τ and top-``k`` recall of the static GPU model (``ln(est_root / est_cand)``) and of
+    Kendall τ and top-``k`` recall of the static GPU model (``ln(est_root / est_cand)``), of
     the learned model fitted on the *other* programs' samples only (held out by program; None
-    with the reason without LightGBM or with too few samples)."""
+    with the reason without LightGBM or with too few samples) and of the shipped model
+    (:data:`SHIPPED_SAMPLES` without the program's own rows)."""
     from .costmodel import kendall_tau, top_k_recall  # noqa: PLC0415
 
-    out = {"static": {"tau": [], "recall": []}, "learned": {"tau": [], "recall": []}}
+    out = {"static": {"tau": [], "recall": []}, "learned": {"tau": [], "recall": []},
+           "shipped": {"tau": [], "recall": []}}
     learned_ok, why = True, ""
     for name, prog in state["programs"].items():
         items = [m for m in prog["measured"].values() if m.get("equal") and m.get("speedup") and m.get("text")]
@@ -552,7 +603,14 @@ def ranking_quality(state: dict, k: int = 3) -> dict:
         if len(items) < 2 or len(set(true)) < 2:
             continue
         texts = [m["text"] for m in items]
-        for kind, model in (("static", None), ("learned", "held-out")):
+        for kind, model in (("static", None), ("learned", "held-out"), ("shipped", None)):
+            if kind == "shipped":
+                rows = shipped_rows([prog["root"]])
+                if not rows:
+                    continue
+                model = learned_model(rows)  # refitted without this program's rows: held out
+                if model is None:
+                    continue
             if kind == "learned":
                 if not learned_ok:
                     continue
@@ -572,6 +630,8 @@ def ranking_quality(state: dict, k: int = 3) -> dict:
                      f"recall_at_{k}": sum(v["recall"]) / n if n else None}
     if not learned_ok:
         res["learned"]["reason"] = why
+    if not res["shipped"]["groups"]:
+        res["shipped"]["reason"] = "no shipped GPU samples of other programs, or no LightGBM"
     return res
 
 
@@ -693,7 +753,8 @@ def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules
             continue
         entries, cands = [], {}
         t0 = time.perf_counter()
-        model = learned_model(_training_rows(state)) if cfg.rank == "model" else None
+        own_roots = [p["root"] for p in state["programs"].values()]
+        model = learned_model(_training_rows(state) + shipped_rows(own_roots)) if cfg.rank == "model" else None
         verified = _all_verified(state, cfg, k, rules, workers)
         for name, prog in state["programs"].items():
             found, keys = verified[name]
@@ -714,4 +775,5 @@ def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules
         _save(out, state)
 
 
-__all__ = ["ROUND_ALGORITHMS", "MACRO_RULES", "RoundConfig", "RoundsError", "Node", "search_rounds", "report_md"]
+__all__ = ["ROUND_ALGORITHMS", "MACRO_RULES", "RoundConfig", "RoundsError", "Node", "search_rounds", "report_md",
+           "SHIPPED_SAMPLES", "export_samples", "shipped_rows", "learned_model", "ranking_quality"]
