@@ -12,8 +12,10 @@ is) and a *runner* (measure them where the device is), in rounds. ``stp search P
    verified against the root program on the CPU (:func:`steptp.verify.verify_pair`, with the
    GPU preflight and CUDA code generation), deduplicated up to renaming
    (:func:`steptp.leir.alpha.alpha_normal`) and screened by the static GPU cost model
-   (:func:`steptp.search.cost_gpu.estimate_gpu_ns`): the ``measure`` best per program go to the
-   round's pack.
+   (:func:`steptp.search.cost_gpu.estimate_gpu_ns`; single steps are verified in its order,
+   only as many as can enter the pack): the ``measure`` best per program go to the round's
+   pack. With ``levels`` > 1 the best programs of a level are expanded again on the CPU
+   before anything is measured (a lookahead through the cost model).
 2. **Write the round** to ``OUT/rounds/<k>/``: ``dictionary.jsonl`` (one entry per candidate:
    the root as the original, so every timing is a speedup over the root; the ``.py`` source
    when the program came from one, so the node times PyTorch eager beside it) and ``pack/``
@@ -24,8 +26,10 @@ is) and a *runner* (measure them where the device is), in rounds. ``stp search P
    steptp.gpu.run PACK -o RESULTS --time``) when the same command runs again: a candidate is a
    sample only when it is Equal on the GPU and timed (interleaved with the root, L2 flushed);
    the frontier keeps the ``beam`` fastest (greedy: 1) and the next round expands it.
-4. After the last round (``rounds``, or a round that improves nothing), one **re-time round**
-   measures each program's best again in a fresh pack; the reported speedup is the re-time's,
+4. After the last round (``rounds``, or a round that improves nothing), each program's best
+   is reported from a second measurement: the node's own (``gpu.run --retime-best 1``:
+   ``results/retime.jsonl``, taken in the call that measured the round) or, without one, a
+   **re-time round** that measures it again in a fresh pack; the reported speedup is the re-time's,
    and only when its 95 % interval lies above 1 (else 1.0 with the reason). ``summary.json``
    gives per program ``speedup`` (over the root), ``speedup_vs_eager`` (PyTorch eager's time
    over the best's, a number when the node could import torch, else null with the reason) and
