@@ -40,6 +40,20 @@ def test_one_fused_launch_beats_two():
     assert two > 1.5 * one
 
 
+def test_serial_loops_around_the_binding_are_host_loops_one_launch_each():
+    """On the H200 (issue 37) a loop_reorder that put a 35-iteration reduction loop outside
+    the bound loop ran 26x slower: the backend launches the kernel once per host iteration."""
+    hdr = "% program: g\n% input I: f32[35]\n% input E: f32[1009,35]\n% output G: f32[1009]\n"
+    inside = parse_leir(hdr + "B^{1009}_{tx=0}L^{35}_{a=0}[G^{f32,g}_{tx}=G^{f32,g}_{tx}+I^{f32,g}_{a}*E^{f32,g}_{tx,a};];")
+    outside = parse_leir(hdr + "L^{35}_{a=0}B^{1009}_{tx=0}[G^{f32,g}_{tx}=G^{f32,g}_{tx}+I^{f32,g}_{a}*E^{f32,g}_{tx,a};];")
+    assert kernel_estimate(inside.program.nests[0]).launches == 1
+    assert kernel_estimate(outside.program.nests[0]).launches == 35
+    assert estimate_gpu_ns(outside.program) > 10 * estimate_gpu_ns(inside.program)
+    # a nest with no binding at all is one kernel of one thread, whatever its loops
+    serial = parse_leir(hdr + "L^{1009}_{c=0}L^{35}_{a=0}[G^{f32,g}_{c}=G^{f32,g}_{c}+I^{f32,g}_{a}*E^{f32,g}_{c,a};];")
+    assert kernel_estimate(serial.program.nests[0]).launches == 1
+
+
 def test_a_serial_reduction_per_thread_is_latency_bound():
     """A row sum serial in one thread per row (the translator's form of a reduction) against
     the same sum with the rows over blocks and a 32-wide split over threads: the first is

@@ -25,7 +25,9 @@ Each top-level nest is one kernel launch (the backend's GPU form). For a kernel:
   footprint (product of the extents of the loops the subscript uses, times the dtype size,
   capped at what the warp traffic moves) at ``DRAM_GBS``; the rest of the warp traffic is
   served by L2 at ``L2_GBS``; shared (``s``) accesses at ``SHARED_GBS``, local (``l``) free.
-* kernel time = ``LAUNCH_NS`` + max(issue, latency, memory) (roofline with a latency bound).
+* kernel time = ``LAUNCH_NS`` x launches + max(issue, latency, memory) (roofline with a
+  latency bound); serial loops around the first ``B`` loop are host loops, one launch per
+  iteration.
 
 Defaults describe an H100/H200-class device (132 SMs, 1.7 GHz, HBM3 about 3.3 TB/s). Sources:
 roofline (Williams et al., CACM 2009); occupancy and coalescing rules from the CUDA C
@@ -68,7 +70,9 @@ class GpuTarget:
 @dataclass(frozen=True)
 class KernelEstimate:
     """One kernel (top-level nest): ``threads`` per block, ``blocks``, ``waves``,
-    ``occupancy`` (resident warps / the SM's maximum), and its time split in ns."""
+    ``occupancy`` (resident warps / the SM's maximum), its time split in ns, and ``launches``:
+    the kernel is launched once per iteration of the serial loops around its first ``B`` loop
+    (host loops)."""
 
     threads: int
     blocks: int
@@ -77,10 +81,11 @@ class KernelEstimate:
     issue_ns: float
     latency_ns: float
     memory_ns: float
+    launches: int = 1
 
     @property
     def ns(self) -> float:
-        return LAUNCH_NS + max(self.issue_ns, self.latency_ns, self.memory_ns)
+        return self.launches * LAUNCH_NS + max(self.issue_ns, self.latency_ns, self.memory_ns)
 
 
 def _grid(loops: tuple[A.Loop, ...]) -> tuple[int, int]:
@@ -160,7 +165,25 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
             l2 += moved - first
     memory_ns = dram / tgt.dram_gbs + l2 / tgt.l2_gbs + shared / tgt.shared_gbs
     return KernelEstimate(threads, blocks, waves, occupancy, issue_cycles / tgt.freq_ghz,
-                          latency_cycles / tgt.freq_ghz, memory_ns)
+                          latency_cycles / tgt.freq_ghz, memory_ns, _host_launches(nest))
+
+
+def _host_launches(nest: A.Nest) -> int:
+    """Launches of a top-level nest: the product of the extents of the loops before its first
+    ``B`` loop when it has one (the backend runs them on the host, one launch per iteration;
+    on an H200 a ``loop_reorder`` that put a 35-iteration reduction loop outside the bound
+    loop ran 26x slower), else 1."""
+    def has_b(n: A.Nest) -> bool:
+        return any(lp.kind == "B" for lp in n.loops) or any(isinstance(x, A.Nest) and has_b(x) for x in n.body)
+
+    if not has_b(nest):
+        return 1
+    host = 1
+    for lp in nest.loops:
+        if lp.kind == "B":
+            break
+        host *= lp.extent
+    return host
 
 
 def estimate_gpu_ns(program: A.Program, tgt: GpuTarget | None = None) -> float:
