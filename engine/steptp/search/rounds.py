@@ -60,6 +60,13 @@ ROUND_ALGORITHMS = ("greedy", "beam")
 MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion")
 
 
+#: Two-step proposals: a step of the key rule followed by a step of one of its follow-ups,
+#: when the first alone is a slowdown that enables the second (``thread_block_rebinding``
+#: moves a one-block kernel's rows to blocks, slower alone, so that ``reduction_thread_binding``
+#: can put the row reduction on the freed threads: a cross-thread all-reduce per row). Both
+#: steps are recorded and verified.
+CHAINS = {"thread_block_rebinding": ("reduction_thread_binding",)}
+
 #: Settings that may change between runs of one search (the rest must match the saved state):
 #: ``rounds`` (more continue a finished search, fewer end it at a waiting round) and
 #: ``measure`` (candidates per program of the rounds still to come).
@@ -176,6 +183,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
     from ..engine.service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
 
     cur = LeirModule(root.signature, parse_leir(node.text).program)
+    by_id = {r.id: r for r in rules}
     for rule in rules:
         try:
             cands = list_candidates(rule, cur)
@@ -206,6 +214,54 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 steps.append({"rule": rule.id, "site": str(step.site), "params": plain(step.params)})
             if len(steps) > len(node.steps) + 1:
                 yield mod, steps, True
+        if rule.id in CHAINS:
+            yield from _chains(rule, [by_id[f] for f in CHAINS[rule.id] if f in by_id], cands, cur, node, root, cfg,
+                               rng)
+
+
+def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, cfg: RoundConfig,
+            rng: random.Random):
+    """Two-step proposals (:data:`CHAINS`): ``rule`` at each of its sites ``cands``, then each
+    rule of ``follow`` at each of its sites in the result; the ``per_rule`` best pairs by the
+    static GPU model, each step verified against the root; yields ``(module, steps, True)``."""
+    from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
+    from ..engine.service import plain  # noqa: PLC0415
+    from .cost import static_scores  # noqa: PLC0415
+
+    pairs = []
+    for site, params in cands:
+        try:
+            first = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
+        except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
+            continue
+        mid = LeirModule(root.signature, first.after.program)
+        for frule in follow:
+            try:
+                fcands = list_candidates(frule, mid)
+            except NoMatch:
+                continue
+            except Exception:  # noqa: BLE001
+                continue
+            for fsite, fparams in fcands:
+                try:
+                    second = apply_rule(frule, mid, seed=rng.randrange(2**31), site=fsite, params=fparams)
+                except Exception:  # noqa: BLE001
+                    continue
+                pairs.append((mid, LeirModule(root.signature, second.after.program),
+                              [{"rule": rule.id, "site": str(first.site), "params": plain(first.params)},
+                               {"rule": frule.id, "site": str(second.site), "params": plain(second.params)}]))
+    if not pairs:
+        return
+    pred = static_scores(root.program, [p[1].program for p in pairs], "cuda")
+    order = sorted(range(len(pairs)), key=lambda i: (-pred[i], i))
+    done = 0
+    for i in order:
+        if done >= cfg.per_rule:
+            break
+        mid, after, steps = pairs[i]
+        if _verify(root, mid, cfg) and _verify(root, after, cfg):
+            done += 1
+            yield after, node.steps + steps, True
 
 
 def _training_rows(state: dict, exclude: str | None = None) -> list[tuple[str, str, float]]:
