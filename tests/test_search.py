@@ -320,3 +320,18 @@ def test_a_binding_on_the_cpu_is_a_noop_not_a_sample(tmp_path):
     assert tree["loop_binding"]["status"] == "noop" and tree["loop_split"]["status"] == "equal"
     sm = json.loads(next(out.rglob("summary.json")).read_text())
     assert sm["noop"] == 1 and sm["samples"] == 1
+
+
+def test_cpu_search_policy_leaves_out_rules_that_only_bind_gpu_axes():
+    """On the CPU a B loop is a serial loop: a binding-only step builds to the same code (the
+    search's "noop", never a timed sample), so stp search --device cpu does not propose it."""
+    from steptp.policy import EnginePolicy
+    from steptp.rules import load_rules
+
+    rules = load_rules()
+    binding = {r.id for r in rules if r.binding_only}
+    assert binding == {"loop_binding", "reduction_thread_binding", "thread_block_rebinding"}
+    cpu = EnginePolicy(rules, skip_binding_only=True, isolated=False)
+    everything = EnginePolicy(rules, isolated=False)
+    assert not binding & set(cpu.rule_ids) and binding <= set(everything.rule_ids)
+    assert set(everything.rule_ids) - set(cpu.rule_ids) == binding

@@ -165,7 +165,10 @@ class EnginePolicy:
     shipped rule); ``pick``: ``candidate`` or ``rule``; ``rank``: ``random`` or ``cost``
     (``pick="candidate"``); ``seed``; ``per_rule``: at most this many candidates per rule
     and program (a seeded sample; default 8); ``tries``: rules tried per proposal with
-    ``pick="rule"`` (8); ``target``: the cost model's target (``cpu``/``cuda``).
+    ``pick="rule"`` (8); ``target``: the cost model's target (``cpu``/``cuda``);
+    ``skip_binding_only``: leave out the rules that only bind loops to
+    GPU axes (:attr:`steptp.rules.loader.Rule.binding_only`: on the CPU the same code, never a
+    timed sample; ``stp search --device cpu``).
     ``apply_timeout_s`` (seconds per application), ``list_timeout_s`` (to count a program's
     candidates), ``mem_bytes`` (the worker's address space) and ``isolated`` go to
     :class:`~steptp.engine.service.EngineService`; work over a limit is skipped and counted
@@ -179,7 +182,7 @@ class EnginePolicy:
     def __init__(self, rules=None, *, rank: str = "random", pick: str = "candidate", seed: int = 0, per_rule: int = 8,
                  tries: int = 8, target: str = "cpu", rules_dir: str | None = None, apply_timeout_s: float = 30.0,
                  list_timeout_s: float = 120.0, mem_bytes: int = 3 << 30, cache_size: int = 256,
-                 isolated: bool = True):
+                 isolated: bool = True, skip_binding_only: bool = False):
         from .engine.service import EngineService
 
         if rank not in ("random", "cost"):
@@ -189,6 +192,12 @@ class EnginePolicy:
         self.service = EngineService(rules, rules_dir=rules_dir, isolated=isolated, apply_timeout_s=apply_timeout_s,
                                      list_timeout_s=list_timeout_s, mem_bytes=mem_bytes)
         self.rule_ids = list(self.service.rule_ids)
+        if skip_binding_only:
+            # GPU-binding-only rules build to the same CPU code (the search's "noop"): not proposed
+            from .engine.service import _rules  # noqa: PLC0415
+
+            objs = _rules(self.service.spec)
+            self.rule_ids = [rid for rid in self.rule_ids if not (rid in objs and objs[rid].binding_only)]
         self.rank, self.pick, self.seed, self.per_rule, self.tries = rank, pick, seed, per_rule, tries
         self.target, self.rules_dir, self.cache_size = target, rules_dir, cache_size
         self._counts: dict[str, dict] = {}

@@ -108,6 +108,13 @@ class Rule:
         return difficulty_level(self.score)
 
     @property
+    def binding_only(self) -> bool:
+        """True when every rewrite step only binds a loop to a GPU axis (``set_loop`` to kind
+        ``B``): on the CPU a ``B`` loop is a serial loop, so such a step builds to the same
+        CPU code (``loop_binding``, ``reduction_thread_binding``, ``thread_block_rebinding``)."""
+        return bool(self.rewrite) and all(p == "set_loop" and (a or {}).get("kind") == "B" for p, a in self.rewrite)
+
+    @property
     def display_source(self) -> str:
         return display_path(self.path) if self.path else f"<rule {self.id}>"
 

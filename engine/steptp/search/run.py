@@ -220,7 +220,7 @@ def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, sc
     if cfg.policy == "engine":
         static = cfg.rank_kind == "cost" and cfg.algorithm != "evolutionary"
         pol = EnginePolicy(rules, rank="cost" if static else "random", seed=cfg.seed, per_rule=cfg.per_rule,
-                           target=cfg.device)
+                           target=cfg.device, skip_binding_only=cfg.device == "cpu")
         if cfg.rank_kind == "model" and cfg.algorithm != "evolutionary" and scorer is not None:
             from .costmodel import ScreeningPolicy
 
