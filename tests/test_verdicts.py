@@ -228,6 +228,12 @@ def test_a_broken_rule_fails_the_run_and_a_fixed_one_never_serves_the_stale_resu
     r = subprocess.run(cmd[:4] + [str(tmp_path / "fresh")] + cmd[5:], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "fresh" / "report.json").read_text())["entries"] == 1
+    # a rule file added since (a new strategy shipped): named, one line, not the whole option dict
+    more = _rule(tmp_path, "div_rule_two")
+    r = subprocess.run(cmd[:4] + [str(tmp_path / "fresh")] + cmd[5:] + ["--rule", str(more)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 2 and "added: div_rule_two.yaml" in r.stderr and "stale" in r.stderr, r.stderr
+    assert len(r.stderr) < 400, r.stderr
 
 
 def test_every_dataset_writes_an_rl_prompt_set_step_reward_reads(tmp_path):

@@ -159,12 +159,14 @@ def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: 
             raise DatasetError(f"{run_file}: not a run description ({e})") from None
         if not isinstance(previous, dict):
             raise DatasetError(f"{run_file}: not a run description (expected a JSON object)")
-        changed = sorted(name for name, h in (previous.get("rule_hashes") or {}).items()
-                         if run_opts["rule_hashes"].get(name, h) != h)
-        if changed:
-            raise DatasetError(f"{out} holds a run made with other contents of the rule file(s) "
-                               f"{', '.join(changed)}: its results would be stale; use another output directory "
-                               "or delete it")
+        before, now = previous.get("rule_hashes") or {}, run_opts["rule_hashes"]
+        changed = sorted(name for name, h in before.items() if now.get(name, h) != h)
+        added, removed = sorted(set(now) - set(before)), sorted(set(before) - set(now))
+        if before and (changed or added or removed):
+            what = "; ".join(f"{k}: {', '.join(v)}" for k, v in (("changed", changed), ("added", added),
+                                                                  ("removed", removed)) if v)
+            raise DatasetError(f"{out} holds a run made with other rule files ({what}): its results would be "
+                               "stale; use another output directory or delete it")
         if previous != run_opts:
             diff = sorted(k for k in set(previous) | set(run_opts) if previous.get(k) != run_opts.get(k))
             detail = "; ".join(f"{k}: {previous.get(k)!r} there, {run_opts.get(k)!r} now" for k in diff)
