@@ -32,6 +32,16 @@ def _size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
+def _timed(cmd: list[str], env: dict) -> float | None:
+    """Run ``cmd``; its wall seconds, or None (stderr's tail printed) when it failed."""
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        print(r.stderr[-2000:], file=sys.stderr)
+        return None
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dataset", type=Path, help="a stp dataset directory (dictionary.jsonl)")
@@ -53,14 +63,11 @@ def main(argv=None) -> int:
     cmd = [str(STP), "gpu", "pack", str(a.dataset), "-o", str(pack), "-q"]
     cmd += ["--no-sim"] if a.no_sim else []
     cmd += ["--limit", str(a.limit)] if a.limit else []
-    t0 = time.perf_counter()
     if a.run_only:
         build_s = float("nan")
     else:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        build_s = time.perf_counter() - t0
-        if r.returncode != 0:
-            print(r.stderr[-2000:], file=sys.stderr)
+        build_s = _timed(cmd, env)
+        if build_s is None:
             return 1
     m = json.loads((pack / "manifest.json").read_text())
     total = _size(pack)
@@ -80,11 +87,8 @@ def main(argv=None) -> int:
         import shutil  # noqa: PLC0415
 
         shutil.rmtree(res)
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    run_s = time.perf_counter() - t0
-    if r.returncode != 0:
-        print(r.stderr[-2000:], file=sys.stderr)
+    run_s = _timed(cmd, env)
+    if run_s is None:
         return 1
     s = json.loads((res / "summary.json").read_text())
     print(f"sim run{' --time' if a.time else ''}: {s['done']} entries, {s['equal']} Equal, "

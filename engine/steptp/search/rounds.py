@@ -175,12 +175,18 @@ def _verify(root: LeirModule, cand: LeirModule, cfg: RoundConfig) -> bool:
     return bool(res.ok)
 
 
+def _step(rule_id: str, step) -> dict:
+    """The trajectory record of one applied step (:class:`steptp.engine.Step`)."""
+    from ..engine.service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
+
+    return {"rule": rule_id, "site": str(step.site), "params": plain(step.params)}
+
+
 def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: random.Random):
     """``(module, steps, verified)`` candidates of one frontier node: single steps (a seeded
     sample of ``per_rule`` per rule; ``verified`` False) and macro proposals (:data:`MACRO_RULES`
     applied at every site in turn, each step kept only when it verifies; ``verified`` True)."""
     from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
-    from ..engine.service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
 
     cur = LeirModule(root.signature, parse_leir(node.text).program)
     by_id = {r.id: r for r in rules}
@@ -198,8 +204,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 step = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
             except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
                 continue
-            yield step.after, node.steps + [{"rule": rule.id, "site": str(step.site), "params": plain(step.params)}], \
-                False
+            yield step.after, node.steps + [_step(rule.id, step)], False
         if rule.id in MACRO_RULES:
             mod, steps = cur, list(node.steps)
             for _ in range(cfg.macro_steps):
@@ -211,7 +216,7 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
                 if not _verify(root, after, cfg):
                     break
                 mod = after
-                steps.append({"rule": rule.id, "site": str(step.site), "params": plain(step.params)})
+                steps.append(_step(rule.id, step))
             if len(steps) > len(node.steps) + 1:
                 yield mod, steps, True
         if rule.id in CHAINS:
@@ -225,7 +230,6 @@ def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, 
     rule of ``follow`` at each of its sites in the result; the ``per_rule`` best pairs by the
     static GPU model, each step verified against the root; yields ``(module, steps, True)``."""
     from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
-    from ..engine.service import plain  # noqa: PLC0415
     from .cost import static_scores  # noqa: PLC0415
 
     pairs = []
@@ -248,8 +252,7 @@ def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, 
                 except Exception:  # noqa: BLE001
                     continue
                 pairs.append((mid, LeirModule(root.signature, second.after.program),
-                              [{"rule": rule.id, "site": str(first.site), "params": plain(first.params)},
-                               {"rule": frule.id, "site": str(second.site), "params": plain(second.params)}]))
+                              [_step(rule.id, first), _step(frule.id, second)]))
     if not pairs:
         return
     pred = static_scores(root.program, [p[1].program for p in pairs], "cuda")
@@ -264,6 +267,11 @@ def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, 
             yield after, node.steps + steps, True
 
 
+def _samples(prog: dict) -> list[dict]:
+    """A program's GPU samples: its measured candidates Equal on the GPU and timed."""
+    return [m for m in prog["measured"].values() if m.get("equal") and m.get("speedup") and m.get("text")]
+
+
 def _training_rows(state: dict, exclude: str | None = None) -> list[tuple[str, str, float]]:
     """``(root text, candidate text, ln speedup)`` of every GPU sample so far (all programs but
     ``exclude``)."""
@@ -271,9 +279,7 @@ def _training_rows(state: dict, exclude: str | None = None) -> list[tuple[str, s
     for name, prog in state["programs"].items():
         if name == exclude:
             continue
-        for m in prog["measured"].values():
-            if m.get("equal") and m.get("speedup") and m.get("text"):
-                rows.append((prog["root"], m["text"], math.log(float(m["speedup"]))))
+        rows += [(prog["root"], m["text"], math.log(float(m["speedup"]))) for m in _samples(prog)]
     return rows
 
 
@@ -294,10 +300,9 @@ def export_samples(state_path: str | Path, out: str | Path, device: str) -> dict
     roots, rows = {}, []
     for prog in state["programs"].values():
         key = _key(prog["root"])
-        for m in prog["measured"].values():
-            if m.get("equal") and m.get("speedup") and m.get("text"):
-                roots[key] = prog["root"]
-                rows.append([key, m["text"], round(math.log(float(m["speedup"])), 6)])
+        for m in _samples(prog):
+            roots[key] = prog["root"]
+            rows.append([key, m["text"], round(math.log(float(m["speedup"])), 6)])
     doc = {"format": "stp-gpu-samples/1", "device": device, "roots": roots, "rows": rows}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(out, "wt", encoding="utf-8") as fh:
@@ -305,7 +310,7 @@ def export_samples(state_path: str | Path, out: str | Path, device: str) -> dict
     return {"programs": len(roots), "rows": len(rows)}
 
 
-_SHIPPED: list | None = None
+_SHIPPED: list | None = None  # [(root key, root text, candidate text, ln speedup)]
 
 
 def shipped_rows(exclude_roots=()) -> list[tuple[str, str, float]]:
@@ -319,11 +324,11 @@ def shipped_rows(exclude_roots=()) -> list[tuple[str, str, float]]:
         try:
             with gzip.open(SHIPPED_SAMPLES, "rt", encoding="utf-8") as fh:
                 doc = json.load(fh)
-            _SHIPPED = [(doc["roots"][k], text, float(ls)) for k, text, ls in doc["rows"]]
+            _SHIPPED = [(k, doc["roots"][k], text, float(ls)) for k, text, ls in doc["rows"]]
         except (OSError, ValueError, KeyError):
             _SHIPPED = []
     skip = {_key(t) for t in exclude_roots}
-    return [r for r in _SHIPPED if _key(r[0]) not in skip]
+    return [(root, text, ls) for k, root, text, ls in _SHIPPED if k not in skip]
 
 
 def learned_model(rows: list[tuple[str, str, float]]):
@@ -492,29 +497,28 @@ def _results(d: Path) -> dict[str, dict] | None:
     if not res.exists() or not man.exists():
         return None
     want = {e["id"] for e in json.loads(man.read_text(encoding="utf-8")).get("entries", [])}
-    got = {}
-    for line in res.read_text(encoding="utf-8").splitlines():
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue  # a line cut by an interruption: the node's rerun repairs it
-        got[r["id"]] = r
+    got = _by_id(res)
     return got if want <= set(got) else None
 
 
-def _retime_records(d: Path) -> dict[str, dict]:
-    """The node's second measurements of round directory ``d`` (``results/retime.jsonl`` from
-    ``python -m steptp.gpu.run ... --retime-best K``) by entry id; empty when there are none."""
-    res = d / "results" / "retime.jsonl"
+def _by_id(path: Path) -> dict[str, dict]:
+    """The records of one of the node's JSONL files by entry id (empty when it is missing);
+    a line cut by an interruption is skipped: the node's rerun repairs it."""
     got = {}
-    if res.exists():
-        for line in res.read_text(encoding="utf-8").splitlines():
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 r = json.loads(line)
             except ValueError:
                 continue
             got[r["id"]] = r
     return got
+
+
+def _retime_records(d: Path) -> dict[str, dict]:
+    """The node's second measurements of round directory ``d`` (``results/retime.jsonl`` from
+    ``python -m steptp.gpu.run ... --retime-best K``) by entry id; empty when there are none."""
+    return _by_id(d / "results" / "retime.jsonl")
 
 
 def _eager_us(rec: dict) -> tuple[float | None, float | None]:
@@ -658,7 +662,7 @@ def ranking_quality(state: dict, k: int = 3) -> dict:
            "shipped": {"tau": [], "recall": []}}
     learned_ok, why = True, ""
     for name, prog in state["programs"].items():
-        items = [m for m in prog["measured"].values() if m.get("equal") and m.get("speedup") and m.get("text")]
+        items = _samples(prog)
         true = [math.log(float(m["speedup"])) for m in items]
         if len(items) < 2 or len(set(true)) < 2:
             continue
