@@ -33,6 +33,7 @@ from .domains import DOMAIN_MODIFIERS, DOMAINS
 from .filters import EXTRA_DOMAINS, check_filters, passes_filters, rule_filters
 from .match import CompileError, Site, check_in_egglog, compile_rule, find_sites
 from ..seeds import seeded_rng
+from .navigation import EqRef, NestRef
 from .primitives import (PRIMITIVES, Change, EvalContext, RewriteContext, RewriteError, ValueExprError, domain_values,
                          eval_let, eval_value, fresh_index_name, fresh_tensor_name, is_expression, normalize_args,
                          parse_template, parse_value, program_names, run_primitive, split_as, split_when,
@@ -375,6 +376,23 @@ def _resolve_site(rule, module: LeirModule, sites: list[Site], site) -> Site:
 # ---------------------------------------------------------------------------
 
 
+def _site_nests(site: Site, env: dict) -> set[int] | None:
+    """The top-level nests a rewrite at ``site`` can touch: those of the site's nest, nests and
+    equation paths and of every nest or equation the bindings ``env`` name; None (the whole
+    program) when there are none (a tensor-scope site). Fresh loop indices avoid only these
+    nests' names (:func:`program_names`): binding the same loop of two identical nests gives
+    them the same new index, so they stay identical and fusion remains possible."""
+    paths = [p for p in (site.nest, site.equation) if p] + [p for p in site.nests if p]
+    todo = list(env.values())
+    while todo:
+        v = todo.pop()
+        if isinstance(v, (NestRef, EqRef)) and v.path:
+            paths.append(v.path)
+        elif isinstance(v, (list, tuple)):
+            todo.extend(v)
+    return {p[0] for p in paths} or None
+
+
 def apply_rule(rule, module: LeirModule, seed: int = 0, site=None, params: dict | None = None) -> Step:
     """Apply ``rule`` to ``module`` at exactly one site.
 
@@ -460,7 +478,7 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
         raise NoMatch(_no_match_message(rule, module, f"the candidate filter rejects {chosen} with {chosen_params}"))
     _settle_let(rule, env, module)
 
-    taken = program_names(module)
+    taken = program_names(module, _site_nests(chosen, env))
     ectx = EvalContext(module, env)
     for name, spec in rule.fresh.items():
         kind, opts = (spec, {}) if isinstance(spec, str) else next(iter(spec.items()))

@@ -245,8 +245,11 @@ TENSOR_ALPHABET = tuple("ACDEFGHIJKMNOQRSWXYZ")
 _BOUND_RE = re.compile(r"^[tb][xyz]")
 
 
-def program_names(module: LeirModule | A.Program) -> set[str]:
-    """Every name in use: tensors (program and signature) and loop indices of all nests."""
+def program_names(module: LeirModule | A.Program, nests: Iterable[int] | None = None) -> set[str]:
+    """Every name in use: tensors (program and signature) and loop indices of all nests, or
+    with ``nests`` (top-level nest positions) only of those nests. Loop indices are local to
+    their top-level nest (the translator gives every nest ``a, c, d...``), so a fresh index
+    needs to avoid only the names of the nests a rewrite touches."""
     prog = module.program if isinstance(module, LeirModule) else module
     names: set[str] = set()
     if isinstance(module, LeirModule):
@@ -265,8 +268,10 @@ def program_names(module: LeirModule | A.Program) -> set[str]:
                     if isinstance(x, A.Index):
                         names.add(x.name)
 
-    for n in prog.nests:
-        rec(n)
+    keep = None if nests is None else set(nests)
+    for i, n in enumerate(prog.nests):
+        if keep is None or i in keep:
+            rec(n)
     return names
 
 
