@@ -206,3 +206,33 @@ def test_a_rebinding_that_enables_a_cross_thread_reduction_is_proposed_as_two_st
     body = [x for x in text.splitlines() if not x.startswith("%")][0]
     assert body.startswith("B^{64}_{b") and "B^{256}_{t" in body, body
     assert static_scores(parse_leir(root).program, [parse_leir(text).program], "cuda")[0] > 0.5
+
+
+def test_macro_sequences_bind_fuse_and_join_the_bias_of_a_linear_layer_in_one_kernel():
+    """The translator's Linear (a GEMM nest, then a bias-add nest over the same spatial loops)
+    is two kernels; the canonical sequence "bind every nest, fuse, epilogue fusion" makes it one
+    bound kernel, every step recorded and verified (issue 37: launches dominate at microseconds)."""
+    from steptp.leir import parse_leir
+    from steptp.search.rounds import MACRO_SEQUENCES, RoundConfig, verified_candidates
+    from steptp.verify import verify_pair
+
+    root = ("% program: linear\n% input A: f32[8,16]\n% param C: f32[96,16]\n% param D: f32[96]\n"
+            "% output E: f32[8,96]\n"
+            "B^{8}_{tx=0}L^{96}_{a=0}L^{16}_{c=0}[E^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}+A^{f32,g}_{tx,c}*C^{f32,g}_{a,c};];\n"
+            "B^{8}_{tx=0}L^{96}_{a=0}[E^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}+D^{f32,g}_{a};];\n")
+    assert ("loop_binding", "operator_fusion", "epilogue_fusion") in MACRO_SEQUENCES
+    prog = {"root": root, "frontier": [{"text": root, "steps": [], "speedup": 1.0, "ci": [1.0, 1.0],
+                                        "time_us": None}], "tried": []}
+    found, _ = verified_candidates("linear", prog, RoundConfig(measure=2, per_rule=1), 0)
+    seq = [(t, st) for t, st in found if [s["rule"] for s in st] == ["loop_binding", "loop_binding",
+                                                                     "epilogue_fusion"]]
+    assert seq, [[s["rule"] for s in st] for _, st in found]
+    text, steps = seq[0]
+    prog_after = parse_leir(text).program
+    assert len(prog_after.nests) == 1  # one kernel
+    body = [x for x in text.splitlines() if not x.startswith("%")][0]
+    # both nests were bound alike (same axis, same index), so the bias nest could join the GEMM
+    ax = steps[0]["params"]["ax"]
+    assert steps[1]["params"] == {"ax": ax}
+    assert body.startswith(f"B^{{8}}_{{tx=0}}B^{{96}}_{{{ax}a=0}}[L^{{16}}_{{c=0}}["), body
+    assert verify_pair(parse_leir(root), parse_leir(text), seed=0).ok
