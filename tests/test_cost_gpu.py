@@ -24,7 +24,9 @@ def test_binding_loops_to_blocks_and_threads_is_faster():
     serial = est("L^{512}_{a=0}L^{1024}_{c=0}[C^{f32,g}_{a,c}=A^{f32,g}_{a,c}*2.0;];")
     rows = est("B^{512}_{bx=0}L^{1024}_{c=0}[C^{f32,g}_{bx,c}=A^{f32,g}_{bx,c}*2.0;];")
     both = est("B^{512}_{bx=0}B^{1024}_{tx=0}[C^{f32,g}_{bx,tx}=A^{f32,g}_{bx,tx}*2.0;];")
-    assert serial > 100 * rows and rows > 10 * both
+    # a row per thread re-reads each 32-byte sector from L1 (1 DRAM miss per 8 floats): the
+    # thread's chain of 1024 loads still waits several times longer than one wide launch
+    assert serial > 100 * rows and rows > 4 * both
 
 
 def test_coalesced_access_beats_strided():
@@ -54,14 +56,15 @@ def test_serial_loops_around_the_binding_are_host_loops_one_launch_each():
     assert kernel_estimate(serial.program.nests[0]).launches == 1
 
 
-def test_a_serial_reduction_per_thread_is_latency_bound():
-    """A row sum serial in one thread per row (the translator's form of a reduction) against
-    the same sum with the rows over blocks and a 32-wide split over threads: the first is
-    bound by one thread's chain of 1024 dependent adds and loads."""
+def test_a_serial_reduction_per_thread_in_one_block_is_bound_by_one_sm():
+    """A row sum serial in one thread per row in ONE block (the translator's form of a
+    reduction) runs on one of the 132 SMs: bound by that SM's issue rate and its threads'
+    chains of 1024 dependent adds and loads (each a mostly-L1 re-read of its row's sector),
+    not by the device's memory bandwidth."""
     head = "% program: r\n% input A: f32[512,1024]\n% output C: f32[512]\n"
     serial = parse_leir(head + "B^{512}_{tx=0}L^{1024}_{a=0}[C^{f32,g}_{tx}=C^{f32,g}_{tx}+A^{f32,g}_{tx,a};];")
     k = kernel_estimate(serial.program.nests[0])
-    assert k.latency_ns > max(k.issue_ns, k.memory_ns)
+    assert min(k.latency_ns, k.issue_ns) > 2 * k.memory_ns
     assert k.occupancy < 0.5  # 16 warps in one block on one SM
 
 

@@ -236,3 +236,14 @@ def test_macro_sequences_bind_fuse_and_join_the_bias_of_a_linear_layer_in_one_ke
     assert steps[1]["params"] == {"ax": ax}
     assert body.startswith(f"B^{{8}}_{{tx=0}}B^{{96}}_{{{ax}a=0}}[L^{{16}}_{{c=0}}["), body
     assert verify_pair(parse_leir(root), parse_leir(text), seed=0).ok
+
+
+def test_the_summary_median_of_an_even_count_is_the_mean_of_the_two_middle_speedups():
+    """40 programs have two middle values: the median is their mean (the H200 summary first
+    printed the upper one, 11.45x instead of 10.72x)."""
+    from steptp.search.rounds import _aggregate
+
+    rows = [{"speedup": s, "speedup_vs_eager": None} for s in (1.0, 2.0, 4.0, 30.0)]
+    agg = _aggregate(rows)
+    assert agg["median_speedup"] == 3.0 and abs(agg["geomean_speedup"] - (240.0 ** 0.25)) < 1e-9
+    assert _aggregate(rows[:3])["median_speedup"] == 2.0

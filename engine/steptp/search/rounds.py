@@ -744,7 +744,9 @@ def _geo(xs) -> float | None:
 def _aggregate(summaries: list[dict]) -> dict:
     sp = sorted(s["speedup"] for s in summaries)
     eager = [s["speedup_vs_eager"] for s in summaries if s["speedup_vs_eager"] is not None]
-    return {"median_speedup": sp[len(sp) // 2] if sp else None, "geomean_speedup": _geo(sp),
+    import statistics  # noqa: PLC0415
+
+    return {"median_speedup": statistics.median(sp) if sp else None, "geomean_speedup": _geo(sp),
             "geomean_vs_eager": _geo(eager), "faster_than_eager": sum(1 for x in eager if x > 1.0),
             "with_eager": len(eager)}
 
