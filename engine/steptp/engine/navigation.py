@@ -17,7 +17,7 @@ import itertools
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..leir import ast as A
 from ..leir.fileformat import LeirModule
