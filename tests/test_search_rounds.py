@@ -247,3 +247,27 @@ def test_the_summary_median_of_an_even_count_is_the_mean_of_the_two_middle_speed
     agg = _aggregate(rows)
     assert agg["median_speedup"] == 3.0 and abs(agg["geomean_speedup"] - (240.0 ** 0.25)) < 1e-9
     assert _aggregate(rows[:3])["median_speedup"] == 2.0
+
+
+def test_a_long_serial_reduction_is_split_over_threads_by_an_rfactor_chain():
+    """A dot product per row, 2048 long, serial in each of 16 threads of one block: rfactor
+    alone adds a pass; binding its partial results' new loop (the follow-up, in the nests the
+    rfactor changed) spreads the reduction (split-K). Proposed as two verified steps."""
+    from steptp.leir import parse_leir
+    from steptp.search.cost import static_scores
+    from steptp.search.rounds import CHAINS, RoundConfig, verified_candidates
+    from steptp.verify import verify_pair
+
+    assert CHAINS["reduction_factorization"] == ("loop_binding",)
+    root = ("% program: gemv\n% input A: f32[16,2048]\n% param C: f32[2048]\n% output E: f32[16]\n"
+            "B^{16}_{tx=0}L^{2048}_{a=0}[E^{f32,g}_{tx}=E^{f32,g}_{tx}+A^{f32,g}_{tx,a}*C^{f32,g}_{a};];\n")
+    prog = {"root": root, "frontier": [{"text": root, "steps": [], "speedup": 1.0, "ci": [1.0, 1.0],
+                                        "time_us": None}], "tried": []}
+    found, _ = verified_candidates("gemv", prog, RoundConfig(measure=2, per_rule=2), 0)
+    pairs = [(t, st) for t, st in found if [s["rule"] for s in st] == ["reduction_factorization", "loop_binding"]]
+    assert pairs, [[s["rule"] for s in st] for _, st in found]
+    for text, _ in pairs:
+        nests = parse_leir(text).program.nests
+        assert len(nests) == 2 and sum(lp.kind == "B" for lp in nests[0].loops) == 2, text  # partials bound
+        assert verify_pair(parse_leir(root), parse_leir(text), seed=0).ok
+    assert max(static_scores(parse_leir(root).program, [parse_leir(t).program for t, _ in pairs], "cuda")) > 0.5

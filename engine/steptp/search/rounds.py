@@ -78,7 +78,11 @@ MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
 #: moves a one-block kernel's rows to blocks, slower alone, so that ``reduction_thread_binding``
 #: can put the row reduction on the freed threads: a cross-thread all-reduce per row). Both
 #: steps are recorded and verified.
-CHAINS = {"thread_block_rebinding": ("reduction_thread_binding",)}
+#: ``reduction_factorization`` (rfactor) alone adds a pass; binding its partial results' new
+#: spatial loop to threads or blocks splits a long serial reduction over many threads
+#: (split-K: a GEMM's 1078-long reduction serial in one block of 55 threads). The follow-up
+#: step is taken only in the nests the first step changed.
+CHAINS = {"thread_block_rebinding": ("reduction_thread_binding",), "reduction_factorization": ("loop_binding",)}
 
 #: Settings that may change between runs of one search (the rest must match the saved state):
 #: ``rounds`` (more continue a finished search, fewer end it at a waiting round) and
@@ -267,18 +271,21 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
 def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, cfg: RoundConfig,
             rng: random.Random):
     """Two-step proposals (:data:`CHAINS`): ``rule`` at each of its sites ``cands``, then each
-    rule of ``follow`` at each of its sites in the result; the ``per_rule`` best pairs by the
-    static GPU model, each step verified against the root; yields ``(module, steps, True)``."""
+    rule of ``follow`` at each of its sites in the top-level nests the first step changed (the
+    step it enables); the ``per_rule`` best pairs by the static GPU model, each step verified
+    against the root; yields ``(module, steps, True)``."""
     from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
     from .cost import static_scores  # noqa: PLC0415
 
     pairs = []
+    before = set(cur.program.nests)
     for site, params in cands:
         try:
             first = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
         except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
             continue
         mid = LeirModule(root.signature, first.after.program)
+        changed = {k for k, n in enumerate(mid.program.nests) if n not in before}
         for frule in follow:
             try:
                 fcands = list_candidates(frule, mid)
@@ -287,6 +294,8 @@ def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, 
             except Exception:  # noqa: BLE001
                 continue
             for fsite, fparams in fcands:
+                if not {p[0] for p in (fsite.nest, fsite.equation, *fsite.nests) if p} & changed:
+                    continue
                 try:
                     second = apply_rule(frule, mid, seed=rng.randrange(2**31), site=fsite, params=fparams)
                 except Exception:  # noqa: BLE001
