@@ -100,7 +100,9 @@ class RoundConfig:
     ``rounds`` (search rounds before the re-time round), ``measure`` (candidates per program
     and round sent to the GPU), ``per_rule`` (seeded sample of a rule's candidates per frontier
     program), ``seed``, ``arch`` (the node's ``sm_XY``), ``timeout_s`` (one CPU verification,
-    seconds), ``macro_steps`` (at most this many steps in one macro proposal), ``rank``
+    seconds), ``macro_steps`` (at most this many steps per rule in one macro proposal: binding
+    every spatial loop of a 9-nest convolution program takes 27; a macro cut short leaves
+    nests serial), ``rank``
     (``cost``: the static GPU model screens; ``model``: a LightGBM model refitted after every
     round on all GPU samples so far, the static model its prior, screens once it has 4 samples)."""
 
@@ -112,7 +114,7 @@ class RoundConfig:
     seed: int = 0
     arch: str = "sm_90"
     timeout_s: float = 120.0
-    macro_steps: int = 16
+    macro_steps: int = 48
     rank: str = "cost"
     levels: int = 1
     expand: int = 2
