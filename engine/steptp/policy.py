@@ -194,10 +194,8 @@ class EnginePolicy:
         self.rule_ids = list(self.service.rule_ids)
         if skip_binding_only:
             # GPU-binding-only rules build to the same CPU code (the search's "noop"): not proposed
-            from .engine.service import _rules  # noqa: PLC0415
-
-            objs = _rules(self.service.spec)
-            self.rule_ids = [rid for rid in self.rule_ids if not (rid in objs and objs[rid].binding_only)]
+            self.rule_ids = [rid for rid in self.rule_ids
+                             if not getattr(self.service.rule(rid), "binding_only", False)]
         self.rank, self.pick, self.seed, self.per_rule, self.tries = rank, pick, seed, per_rule, tries
         self.target, self.rules_dir, self.cache_size = target, rules_dir, cache_size
         self._counts: dict[str, dict] = {}

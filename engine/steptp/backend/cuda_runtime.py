@@ -939,8 +939,9 @@ def time_rounds(fns: Sequence[tuple], device: str, *, rounds: int, warmup: int =
     one :func:`time_function` measurement of each, the order reversed every other round (A B,
     B A, A B ...: drift hits all alike; on ``cuda`` each measurement starts from a flushed L2,
     :func:`l2_flush_bytes`). Returns (seconds per call, one list per function with one value
-    per round; the number of calls per measurement of each function). Used by :func:`time_interleaved` (two functions: ``stp time``,
-    ``dataset --time``, search, GPU packs) and :func:`steptp.runner.timing.measure` (one).
+    per round; the number of calls per measurement of each function). Used by
+    :func:`time_interleaved` (two functions: ``stp time``, ``dataset --time``, search, GPU
+    packs) and :func:`steptp.runner.timing.measure` (one).
     Raises :class:`ExecError` on a fault."""
     flush = l2_flush_bytes(device)
 

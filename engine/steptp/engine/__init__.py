@@ -11,11 +11,11 @@ Public API::
 from . import values as _values  # noqa: F401 - registers the rule-language value functions (all of them)
 from . import structural as _structural  # noqa: F401 - registers the structural rewrite primitives
 from .apply import (NoMatch, PreflightRejected, Step, apply_rule, checked_candidates, list_candidates,
-                    new_preflight_problems)
+                    new_preflight_problems, site_nests)
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many
 from .primitives import Change, EqRef, NestRef, RewriteError
 from . import mathprims  # noqa: F401,E402 - registers the algebra primitive, filter and domains
 from . import magnitude  # noqa: F401,E402 - registers the no_overflow filter
 
-__all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "Site", "find_sites", "find_sites_many",
+__all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "site_nests", "Site", "find_sites", "find_sites_many",
            "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]

@@ -376,7 +376,7 @@ def _resolve_site(rule, module: LeirModule, sites: list[Site], site) -> Site:
 # ---------------------------------------------------------------------------
 
 
-def _site_nests(site: Site, env: dict) -> set[int] | None:
+def site_nests(site: Site, env: dict) -> set[int] | None:
     """The top-level nests a rewrite at ``site`` can touch: those of the site's nest, nests and
     equation paths and of every nest or equation the bindings ``env`` name; None (the whole
     program) when there are none (a tensor-scope site). Fresh loop indices avoid only these
@@ -478,7 +478,7 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
         raise NoMatch(_no_match_message(rule, module, f"the candidate filter rejects {chosen} with {chosen_params}"))
     _settle_let(rule, env, module)
 
-    taken = program_names(module, _site_nests(chosen, env))
+    taken = program_names(module, site_nests(chosen, env))
     ectx = EvalContext(module, env)
     for name, spec in rule.fresh.items():
         kind, opts = (spec, {}) if isinstance(spec, str) else next(iter(spec.items()))
@@ -527,5 +527,5 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
                 changes=tuple(ctx.changes), bindings=env, seed=seed)
 
 
-__all__ = ["NoMatch", "PreflightRejected", "Step", "list_candidates", "checked_candidates", "apply_rule",
+__all__ = ["NoMatch", "PreflightRejected", "Step", "list_candidates", "checked_candidates", "apply_rule", "site_nests",
            "gpu_preflight_problems", "new_preflight_problems"]

@@ -240,9 +240,11 @@ def time_pair(pack: str, refdir: str | None, okey: str, a: dict, b: dict, rounds
               min_ms: float = 2.0) -> dict:
     """Interleaved timing of functions ``a`` (baseline) and ``b`` on trial 0's inputs (the
     worker's tensors): 3 warm-up calls each, the calls per measurement of each calibrated so
-    one measurement lasts ``min_ms`` milliseconds, then ``rounds`` rounds of one ``time_evaluator`` measurement
-    each, A B, B A ... (on CUDA each from a flushed L2). Returns ``{original_us,
-    transformed_us, speedup, ci, verdict, number, rounds, device}`` (microseconds per call;
+    one measurement lasts ``min_ms`` milliseconds, then ``rounds`` rounds of one
+    ``time_evaluator`` measurement each, A B, B A ... (on CUDA each from a flushed L2).
+    Returns ``{original_us, transformed_us, speedup, ci, verdict, number, original_number,
+    rounds, device}`` (microseconds per call; ``number``/``original_number`` the calls per
+    measurement of the candidate / the original;
     :func:`steptp.runner.stats.paired_speedup`). Raises :class:`ExecError` on a device fault."""
     d = _program(pack, refdir, okey)
     fa, ma = _load(pack, a)

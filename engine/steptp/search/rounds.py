@@ -276,7 +276,7 @@ def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, 
     rule of ``follow`` at each of its sites in the top-level nests the first step changed (the
     step it enables); the ``per_rule`` best pairs by the static GPU model, each step verified
     against the root; yields ``(module, steps, True)``."""
-    from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
+    from ..engine import NoMatch, apply_rule, list_candidates, site_nests  # noqa: PLC0415
     from .cost import static_scores  # noqa: PLC0415
 
     pairs = []
@@ -296,7 +296,7 @@ def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, 
             except Exception:  # noqa: BLE001
                 continue
             for fsite, fparams in fcands:
-                if not {p[0] for p in (fsite.nest, fsite.equation, *fsite.nests) if p} & changed:
+                if not (site_nests(fsite, fsite.env) or set()) & changed:
                     continue
                 try:
                     second = apply_rule(frule, mid, seed=rng.randrange(2**31), site=fsite, params=fparams)
