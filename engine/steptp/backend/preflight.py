@@ -553,6 +553,8 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
         for c in cs:
             kernel_of[c.index] = root
 
+    problems += phase_handoff_problems(kernels, kernel_nest, info)
+
     # shared / local intermediates: one kernel, no cross-block (shared) / cross-thread (local) access
     shared_bytes: dict[LoopId, int] = {}
     for name in info.intermediates:
@@ -599,6 +601,60 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
             problems.append(f"kernel in nest {kernel_nest[root]} needs {nbytes} bytes of shared memory per block, "
                             f"above the static limit {limits.max_static_shared_bytes}")
     return _dedupe(problems)
+
+
+def _thread_loops(c: EqContext) -> tuple[tuple[LoopId, A.Loop], ...]:
+    return tuple((lid, l) for lid, l in c.loops if l.kind == "B" and is_thread_tag(l.thread_tag))
+
+
+def _per_thread_form(t: A.Tensor, threads: tuple[tuple[LoopId, A.Loop], ...]):
+    """The subscript of access ``t`` with every threadIdx-bound index written as its tag, or
+    ``None`` when some thread index of the enclosing phase is not a plain entry (then other
+    threads touch the element too)."""
+    names = {l.var: l.thread_tag for _, l in threads}
+    plain = {e.name for e in t.indices if isinstance(e, A.Index)}
+    if not set(names) <= plain:
+        return None
+    return tuple(A.transform(e, lambda x: A.Index(names[x.name]) if isinstance(x, A.Index) and x.name in names
+                             else x) for e in t.indices)
+
+
+def phase_handoff_problems(kernels: dict[LoopId, list[EqContext]], kernel_nest: dict[LoopId, int],
+                           info: ProgramInfo) -> list[str]:
+    """Global tensors handed between the *phases* of one kernel (sibling ``threadIdx`` loops,
+    or code outside them, under the same ``blockIdx`` loops) by different threads.
+
+    TVM 0.27 inserts ``__syncthreads()`` between phases only for ``shared`` buffers
+    (``ThreadSync("shared")``; tvm-0.27-notes §3.4): with a ``global`` buffer the next phase
+    reads (or overwrites) elements other threads of the block may not have written (read)
+    yet, a race the sequential CPU semantics never shows (checked: ``stp lower --cuda`` of a
+    row sum ``J_{bx}`` in one phase read by the next has the barrier with ``J^{f32,s}`` and
+    none with ``J^{f32,g}``). A pair of accesses in different phases, one a write, passes only
+    when both name every thread index of their phase as a plain entry and agree entry by
+    entry once each thread index is replaced by its tag (the same thread touches the
+    element in both phases). Returns one problem per (kernel, tensor)."""
+    problems: list[str] = []
+    for root, cs in kernels.items():
+        acc = []  # (context, access, is write, phase)
+        for c in cs:
+            phase = tuple(lid for lid, _ in _thread_loops(c))
+            for k, t in enumerate(accesses(c.eq)):
+                if info.types.get(t.name, ("", "g"))[1] == "g":
+                    acc.append((c, t, k == 0, phase))
+        flagged: set[str] = set()
+        for i, (c1, t1, w1, p1) in enumerate(acc):
+            for c2, t2, w2, p2 in acc[i + 1:]:
+                if t2.name != t1.name or t1.name in flagged or p1 == p2 or not (w1 or w2):
+                    continue
+                f1, f2 = _per_thread_form(t1, _thread_loops(c1)), _per_thread_form(t2, _thread_loops(c2))
+                if f1 is not None and f1 == f2:
+                    continue
+                flagged.add(t1.name)
+                problems.append(f"global tensor {t1.name} is handed between phases of the kernel in nest "
+                                f"{kernel_nest[root]} by different threads ({format_expr(t1)} in {c1.where()}, "
+                                f"{format_expr(t2)} in {c2.where()}): TVM puts no barrier between phases for "
+                                "global memory (a shared-scope buffer gets __syncthreads)")
+    return problems
 
 
 def _index_names(e: A.Expr) -> set[str]:

@@ -288,23 +288,40 @@ def _siblings_consecutive(paths: list[tuple[int, ...]]) -> bool:
     return all(a[:-1] == b[:-1] and b[-1] == a[-1] + 1 for a, b in zip(paths, paths[1:]))
 
 
-@primitive("concat_nests", positional="nests", required=("nests",), optional=("loops",))
-def prim_concat_nests(ctx: RewriteContext, nests, loops=None):
+@primitive("concat_nests", positional="nests", required=("nests",), optional=("loops", "depth"))
+def prim_concat_nests(ctx: RewriteContext, nests, loops=None, depth=None):
     """Fuse consecutive sibling nests into the first: the loops stay (they must be
     identical unless ``loops`` gives a template) and the bodies are concatenated in
     order, so one iteration runs every equation. TVM: ``sch.compute_at`` of the producer
-    at the innermost shared loop."""
+    at the innermost shared loop.
+
+    With ``depth`` k only the first k loops are shared (identical in every nest): the fused
+    nest runs them once, and inside them each nest's remaining loops in turn, as an inner
+    nest (a nest with no loops left contributes its body items). TVM: ``compute_at`` at the
+    k-th loop, e.g. a blockIdx loop, each operator keeping its own thread loops (a phase)."""
     paths = [ctx.nest_ref(x) for x in nests]
     if len(paths) < 2 or not _siblings_consecutive(paths):
         raise RewriteError("concat_nests needs two or more consecutive sibling nests")
     ns = [get_nest(ctx.program, p) for p in paths]
-    if loops is None:
-        if any(n.loops != ns[0].loops for n in ns):
-            raise RewriteError("concat_nests: the nests' loops differ")
-        new_loops = ns[0].loops
+    if depth is not None:
+        k = ctx.value(depth)
+        if loops is not None:
+            raise RewriteError("concat_nests: give loops or depth, not both")
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 < k <= min(len(n.loops) for n in ns):
+            raise RewriteError(f"concat_nests: depth {k!r} is not between 1 and every nest's loop count")
+        if any(n.loops[:k] != ns[0].loops[:k] for n in ns):
+            raise RewriteError(f"concat_nests: the nests' first {k} loops differ")
+        body = tuple(item for n in ns
+                     for item in ((A.Nest(n.loops[k:], n.body),) if len(n.loops) > k else n.body))
+        fused = A.Nest(ns[0].loops[:k], body)
     else:
-        new_loops = tuple(_instantiate(ctx, "loops", loops))
-    fused = A.Nest(new_loops, tuple(item for n in ns for item in n.body))
+        if loops is None:
+            if any(n.loops != ns[0].loops for n in ns):
+                raise RewriteError("concat_nests: the nests' loops differ")
+            new_loops = ns[0].loops
+        else:
+            new_loops = tuple(_instantiate(ctx, "loops", loops))
+        fused = A.Nest(new_loops, tuple(item for n in ns for item in n.body))
     prog = replace_item(ctx.program, paths[0], fused)
     for p in reversed(paths[1:]):
         prog = replace_items(prog, p, ())
@@ -387,17 +404,19 @@ def _map_tensors(prog: A.Program, fn) -> tuple[A.Program, int]:
 
 @primitive("set_scope", required=("tensor", "scope"))
 def prim_set_scope(ctx: RewriteContext, tensor, scope):
-    """Give a tensor storage scope ``scope`` (g/s/l) at every occurrence. TVM:
+    """Give a tensor storage scope ``scope`` (g/s/l) at every occurrence; ``tensor`` may be
+    a list of names (every one gets the scope; an empty list changes nothing). TVM:
     ``tvm.s_tir.Schedule.set_scope``."""
-    name, sc = ctx.value(tensor), ctx.value(scope)
+    names, sc = ctx.value(tensor), ctx.value(scope)
     if sc not in A.SCOPES:
         raise RewriteError(f"set_scope: unknown scope {sc!r}")
-    first = next((t for t in iter_tensors(ctx.program) if t.name == name), None)
-    if first is None:
-        raise RewriteError(f"set_scope: tensor {name} does not occur")
-    ctx.program, n = _map_tensors(ctx.program, lambda t: t.with_scope(sc) if t.name == name else t)
-    ctx.changes.append(Change("scope", format_expr(first), format_expr(first.with_scope(sc)), name,
-                              {"occurrences": n}))
+    for name in (names if isinstance(names, (tuple, list)) else (names,)):
+        first = next((t for t in iter_tensors(ctx.program) if t.name == name), None)
+        if first is None:
+            raise RewriteError(f"set_scope: tensor {name} does not occur")
+        ctx.program, n = _map_tensors(ctx.program, lambda t, name=name: t.with_scope(sc) if t.name == name else t)
+        ctx.changes.append(Change("scope", format_expr(first), format_expr(first.with_scope(sc)), name,
+                                  {"occurrences": n}))
 
 
 @primitive("rename_tensor", required=("tensor", "to"))

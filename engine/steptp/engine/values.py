@@ -646,6 +646,98 @@ def _max_threads(ctx) -> int:
     return DEFAULT_GPU.max_threads_per_block
 
 
+def _block_prefix(ctx, loops) -> tuple:
+    """The leading loops of a loop list that are bound to a block axis (``B`` loops named
+    ``bx..``, ``by..``, ``bz..``): one iteration of them is one thread block."""
+    out = []
+    for l in _loop_list(loops, "block_prefix"):
+        if l.kind != "B" or not l.var.startswith("b"):
+            break
+        out.append(l)
+    return tuple(out)
+
+
+def _eq_tensors(eq: A.Assign) -> list:
+    """Every tensor access of an equation: its target first, then the reads (subscripts too)."""
+    return [t for t in (*A.walk(eq.target), *A.walk(eq.value)) if isinstance(t, A.Tensor)]
+
+
+def _nest_tensors(ctx, n, writes: bool) -> tuple[str, ...]:
+    """Names of the tensors a nest (inner nests included) writes (``writes``) or reads, in
+    order of first occurrence."""
+    if not isinstance(n, NestRef):
+        raise ValueExprError(f"expected a nest, got {n!r}")
+    out: dict[str, None] = {}
+    for _, eq in get_nest(ctx.module.program, n.path).equations():
+        for k, t in enumerate(_eq_tensors(eq)):
+            if (k == 0) == writes:
+                out.setdefault(t.name, None)
+    return tuple(out)
+
+
+def _handoff(ctx, n1, n2) -> tuple[str, ...]:
+    """Tensors nest ``n1`` writes and nest ``n2`` reads, in ``n1``'s order."""
+    read2 = set(_nest_tensors(ctx, n2, False))
+    return tuple(x for x in _nest_tensors(ctx, n1, True) if x in read2)
+
+
+def _used_outside(ctx, names, n1, n2) -> bool:
+    """True when a tensor of ``names`` is a signature tensor (input, parameter, output) or
+    is accessed by a top-level nest other than the ones holding ``n1`` and ``n2``: such a
+    tensor must stay in global memory."""
+    names = set(_seq("used_outside", names))
+    if names & {t.name for t in ctx.module.signature.tensors}:
+        return True
+    keep = {n1.path[0], n2.path[0]} if isinstance(n1, NestRef) and isinstance(n2, NestRef) else set()
+    for k, nest in enumerate(ctx.module.program.nests):
+        if k in keep:
+            continue
+        for _, eq in nest.equations():
+            if any(t.name in names for t in _eq_tensors(eq)):
+                return True
+    return False
+
+
+def _sliced_by(ctx, n1, n2, indices) -> bool:
+    """True when every tensor written by one of the nests ``n1``, ``n2`` and accessed by the
+    other is accessed in both only inside the slice their shared outer loops select: each
+    index of ``indices`` is a plain subscript entry at one fixed position of every such access
+    and no other entry uses it. Iteration ``p`` of those loops then touches elements no other
+    iteration touches, so running ``n1``'s and ``n2``'s work for ``p`` together (fusion at
+    those loops) keeps every dependence (TVM ``compute_at`` at a shared outer loop)."""
+    idx = tuple(_index_name(i, "sliced_by") for i in _seq("sliced_by", indices))
+    w1, w2 = set(_nest_tensors(ctx, n1, True)), set(_nest_tensors(ctx, n2, True))
+    a1 = w1 | set(_nest_tensors(ctx, n1, False))
+    a2 = w2 | set(_nest_tensors(ctx, n2, False))
+    shared = (w1 & a2) | (w2 & a1)
+    for name in shared:
+        acc = [t for n in (n1, n2) for _, eq in get_nest(ctx.module.program, n.path).equations()
+               for t in _eq_tensors(eq) if t.name == name]
+        for v in idx:
+            pos = {tuple(k for k, e in enumerate(t.indices) if isinstance(e, A.Index) and e.name == v) for t in acc}
+            if len(pos) != 1 or len(next(iter(pos))) != 1:
+                return False
+            p = next(iter(pos))[0]
+            if any(v in free_indices(e) for t in acc for k, e in enumerate(t.indices) if k != p):
+                return False
+    return True
+
+
+def _thread_extents(ctx, n) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for l in _all_loops(get_nest(ctx.module.program, n.path)):
+        if l.kind == "B" and l.var.startswith("t"):
+            out[l.var[:2]] = max(out.get(l.var[:2], 1), l.extent)
+    return out
+
+
+def _threads_agree(ctx, n1, n2) -> bool:
+    """True when every thread axis bound in both nests has the same extent in both (one
+    kernel launches one block shape: TVM keeps the first extent of a tag and skips work)."""
+    e1, e2 = _thread_extents(ctx, n1), _thread_extents(ctx, n2)
+    return all(e1[a] == e2[a] for a in e1.keys() & e2.keys())
+
+
 def _names_thread_indices(ctx, nest, sub) -> bool:
     """True when the subscript ``sub`` (a tuple of index terms) has, as plain entries, the
     index of every threadIdx-bound loop (``B`` loop named tx.., ty.., tz..) of ``nest``:
@@ -849,6 +941,11 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "is_thread_axis": (1, lambda ctx, ax: _name(ax)[:1] == "t" and _name(ax)[:2] in _TAG),
     "max_threads_per_block": (0, _max_threads),
     "names_thread_indices": (2, _names_thread_indices),
+    "block_prefix": (1, _block_prefix),
+    "handoff": (2, _handoff),
+    "used_outside": (3, _used_outside),
+    "sliced_by": (3, _sliced_by),
+    "threads_agree": (2, _threads_agree),
 }
 
 

@@ -52,6 +52,7 @@ EXTRA_STRATEGIES: tuple[str, ...] = (
     "reduction_thread_binding",   # a reduction axis bound to threadIdx: TVM's cross-thread all-reduce
     "thread_block_rebinding",     # a spatial loop moved from threadIdx to blockIdx (one block -> the grid)
     "epilogue_fusion",            # an element-wise consumer moved into its reduction's nest (reverse_compute_at)
+    "block_fusion",               # two kernels over the same blocks as one, handed values in shared memory
 )
 
 
