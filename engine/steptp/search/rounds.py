@@ -69,9 +69,17 @@ MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusio
 #: KernelBench-style programs on an H200);
 #: fusing first leaves fewer, larger kernels to bind (each launch costs microseconds);
 #: ``epilogue_fusion`` then moves the fused element-wise tail of a GEMM or convolution into it.
+#: The row-wise sequence (the translator's outer row loop of every nest to blocks, the next
+#: spatial loops to threads, reductions to cross-thread all-reduces, then fusion and
+#: ``block_fusion`` from the last kernel back) makes a softmax, LayerNorm or GroupNorm chain
+#: one kernel per row block, as TVM's dlight ``GeneralReduction`` schedules them. Its
+#: epilogue step comes before operator fusion, which would otherwise fuse a GEMM's bias add
+#: forward into the next row reduction and leave the GEMM a kernel of its own.
 MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
                    ("operator_fusion", "loop_binding", "operator_fusion"),
-                   ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"))
+                   ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"),
+                   ("thread_block_rebinding", "loop_binding", "reduction_thread_binding", "epilogue_fusion",
+                    "operator_fusion", "block_fusion"))
 
 #: Two-step proposals: a step of the key rule followed by a step of one of its follow-ups,
 #: when the first alone is a slowdown that enables the second (``thread_block_rebinding``

@@ -1,0 +1,141 @@
+"""Block-level fusion (rule block_fusion) and the GPU preflight's phase-handoff check.
+
+A kernel whose blocks run two phases (sibling threadIdx loops, or code outside them, under the
+same blockIdx loops) needs a barrier where one phase reads what other threads wrote in the
+previous one. TVM 0.27 inserts ``__syncthreads()`` there only for shared-scope buffers; the
+preflight rejects global ones and block_fusion moves what it hands over to shared memory.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from steptp.backend import cuda_source
+from steptp.backend.preflight import gpu_problems
+from steptp.engine import NoMatch, apply_rule, list_candidates
+from steptp.engine.apply import gpu_preflight_problems
+from steptp.leir import parse_leir
+from steptp.rules import load_rules
+from steptp.search import rounds as R
+from steptp.verify import verify_pair
+
+STP = Path(sys.executable).parent / "stp"
+RULES = {r.id: r for r in load_rules()}
+HEAD = "% program: centre\n% input A: f32[4,32]\n% output F: f32[4,32]\n"
+TWO_KERNELS = HEAD + ("B^{4}_{bxa=0}B^{32}_{tya=0}[J^{f32,g}_{bxa}=J^{f32,g}_{bxa}+A^{f32,g}_{bxa,tya};];\n"
+                      "B^{4}_{bxa=0}B^{32}_{tya=0}[F^{f32,g}_{bxa,tya}=A^{f32,g}_{bxa,tya}-J^{f32,g}_{bxa}/32.0;];\n")
+
+
+def _kernels(src: str) -> int:
+    """Kernel definitions in a CUDA source (TVM also declares each one first)."""
+    return len(re.findall(r"__global__ void[^;{]*\{", src))
+
+
+def _phased(scope: str) -> str:
+    return HEAD + (f"B^{{4}}_{{bxa=0}}[B^{{32}}_{{tya=0}}[J^{{f32,{scope}}}_{{bxa}}=J^{{f32,{scope}}}_{{bxa}}"
+                   f"+A^{{f32,g}}_{{bxa,tya}};];B^{{32}}_{{tya=0}}[F^{{f32,g}}_{{bxa,tya}}=A^{{f32,g}}_{{bxa,tya}}"
+                   f"-J^{{f32,{scope}}}_{{bxa}}/32.0;];];\n")
+
+
+def test_a_global_row_sum_read_by_the_next_phase_is_a_race_the_shared_one_has_a_barrier():
+    glob, shared = parse_leir(_phased("g")), parse_leir(_phased("s"))
+    probs = gpu_problems(glob)
+    assert len(probs) == 1 and "global tensor J is handed between phases" in probs[0], probs
+    assert gpu_problems(shared) == []
+    src = cuda_source(shared)
+    body = src[src.index("main_kernel(float"):]
+    # the all-reduce's result is stored by one thread, then the barrier, then the read
+    store, sync, read = body.index("J_ptr[0] = "), body.index("__syncthreads()"), body.index("- (J_ptr[0]")
+    assert store < sync < read
+    assert "__shared__" in body and "J_ptr[1]" in body
+
+
+def test_same_thread_handoff_between_phases_passes_and_a_broadcast_read_does_not():
+    head = "% program: p\n% input A: f32[4,32]\n% output C: f32[4,32]\n"
+    same = parse_leir(head + "B^{4}_{bxa=0}[B^{32}_{tya=0}[D^{f32,g}_{bxa,tya}=A^{f32,g}_{bxa,tya}*2.0;];"
+                             "B^{32}_{tyb=0}[C^{f32,g}_{bxa,tyb}=D^{f32,g}_{bxa,tyb}+1.0;];];\n")
+    assert gpu_problems(same) == []          # thread t reads what thread t wrote
+    other = parse_leir(head + "B^{4}_{bxa=0}[B^{32}_{tya=0}[D^{f32,g}_{bxa,tya}=A^{f32,g}_{bxa,tya}*2.0;];"
+                              "B^{32}_{tyb=0}[C^{f32,g}_{bxa,tyb}=D^{f32,g}_{bxa,31-tyb};];];\n")
+    assert any("global tensor D is handed between phases" in p for p in gpu_problems(other))
+
+
+def test_a_thread_reduction_inside_a_fused_nest_read_by_all_threads_is_rejected():
+    """The shape round 0 of the 40-program search produced 26 times (epilogue_fusion, then
+    reduction_thread_binding of the inner reduction loop): the sum is stored by one thread and
+    read right after by every thread of the block, with no barrier."""
+    m = parse_leir("% program: bmm\n% input A: f32[2,4,8]\n% input C: f32[2,8,5]\n% output D: f32[2,4,5]\n"
+                   "B^{2}_{bya=0}B^{4}_{tya=0}B^{5}_{bxa=0}[B^{8}_{txa=0}[E^{f32,g}_{bya,tya,bxa}="
+                   "E^{f32,g}_{bya,tya,bxa}+A^{f32,g}_{bya,tya,txa}*C^{f32,g}_{bya,txa,bxa};];"
+                   "D^{f32,g}_{bya,tya,bxa}=E^{f32,g}_{bya,tya,bxa};];\n")
+    assert any("global tensor E is handed between phases" in p for p in gpu_problems(m))
+    before = parse_leir("% program: bmm\n% input A: f32[2,4,8]\n% input C: f32[2,8,5]\n% output D: f32[2,4,5]\n"
+                        "B^{2}_{bya=0}B^{4}_{tya=0}B^{5}_{bxa=0}[L^{8}_{c=0}[E^{f32,g}_{bya,tya,bxa}="
+                        "E^{f32,g}_{bya,tya,bxa}+A^{f32,g}_{bya,tya,c}*C^{f32,g}_{bya,c,bxa};];"
+                        "D^{f32,g}_{bya,tya,bxa}=E^{f32,g}_{bya,tya,bxa};];\n")
+    assert gpu_preflight_problems(before) == []
+    try:
+        cands = list_candidates(RULES["reduction_thread_binding"], before)
+    except NoMatch:
+        cands = []
+    for site, params in cands:     # every site's rewrite is now refused by the preflight
+        try:
+            step = apply_rule(RULES["reduction_thread_binding"], before, site=site, params=params)
+        except Exception as e:  # noqa: BLE001
+            assert "handed between phases" in str(e) or "preflight" in str(e).lower(), e
+        else:
+            raise AssertionError(f"accepted: {step.after.text()}")
+
+
+def test_block_fusion_step_verifies_and_lowers_to_one_kernel_with_a_barrier():
+    m = parse_leir(TWO_KERNELS)
+    step = apply_rule(RULES["block_fusion"], m, seed=0)
+    assert len(step.after.program.nests) == 1
+    assert "J^{f32,s}" in step.after.text()
+    assert verify_pair(m, step.after, seed=0).ok
+    src = cuda_source(step.after)
+    assert _kernels(src) == 1 and "__syncthreads()" in src
+    assert _kernels(cuda_source(m)) == 2
+
+
+def test_the_row_sequence_fuses_a_layernorm_into_one_kernel():
+    """MACRO_SEQUENCES' row-wise sequence (rows to blocks, columns to threads, reductions to
+    cross-thread all-reduces, then fusion) on the translator's 4-kernel LayerNorm: one kernel,
+    every step verified, the GPU preflight passes."""
+    text = ("% program: layernorm\n% input A: f32[6,40]\n% param D: f32[40]\n% param E: f32[40]\n"
+            "% output F: f32[6,40]\n"
+            "B^{6}_{tx=0}L^{40}_{a=0}[J^{f64,g}_{tx}=J^{f64,g}_{tx}+A^{f32,g}_{tx,a};];\n"
+            "B^{6}_{tx=0}L^{40}_{a=0}[K^{f64,g}_{tx}=K^{f64,g}_{tx}+(A^{f32,g}_{tx,a}-J^{f64,g}_{tx}/40.0)"
+            "*(A^{f32,g}_{tx,a}-J^{f64,g}_{tx}/40.0);];\n"
+            "B^{6}_{tx=0}L^{40}_{a=0}[F^{f32,g}_{tx,a}=(A^{f32,g}_{tx,a}-J^{f64,g}_{tx}/40.0)"
+            "/sqrt(K^{f64,g}_{tx}/40.0+1e-05)*D^{f32,g}_{a}+E^{f32,g}_{a};];\n")
+    root = parse_leir(text)
+    seq = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion")
+    mod, steps = root, []
+    for rid in seq:
+        mod, steps = R._macro(RULES[rid], mod, steps, root, R.RoundConfig(), random.Random(0), canonical=True)
+    assert len(mod.program.nests) == 1, mod.text()
+    assert [s["rule"] for s in steps].count("block_fusion") == 2
+    assert gpu_preflight_problems(mod) == []
+    assert verify_pair(root, mod, seed=1).ok
+
+
+def test_block_fused_softmax_runs_equal_on_the_simulated_device(tmp_path):
+    """The fused form through CUDA code generation (nvcc PTX) and the simulated device."""
+    orig, cand = tmp_path / "a.leir", tmp_path / "b.leir"
+    orig.write_text(TWO_KERNELS)
+    cand.write_text(_phased("s"))
+    env = {**__import__("os").environ, "STP_CUDA_SIM": "1"}
+    r = subprocess.run([str(STP), "verify", str(orig), str(cand), "--device", "cuda"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Equal  pass" in r.stdout and "device cuda" in r.stdout
+    bad = tmp_path / "c.leir"
+    bad.write_text(_phased("g"))
+    r = subprocess.run([str(STP), "verify", str(orig), str(bad), "--device", "cuda"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode != 0 and "handed between phases" in r.stdout + r.stderr, r.stdout + r.stderr
