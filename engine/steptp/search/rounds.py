@@ -256,19 +256,27 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
     each step verified against ``root`` (the macro stops at the first that does not verify or
     when nothing matches): a random site and parameters each time (seeded by ``rng``), or with
     ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
-    the first allowed parameter). Returns the last module and ``steps`` extended by the
+    the first allowed parameter) whose rewrite passes the GPU preflight (a site whose result
+    the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns the last module and ``steps`` extended by the
     trajectory records."""
     from ..engine import apply_rule, list_candidates  # noqa: PLC0415
 
     steps = list(steps)
     for _ in range(cfg.macro_steps):
+        step = None
         try:
             if canonical:
-                site, params = list_candidates(rule, mod)[0]
-                step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
+                for site, params in list_candidates(rule, mod):
+                    try:
+                        step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
+                        break
+                    except Exception:  # noqa: BLE001 - this site's rewrite fails the preflight: the next
+                        continue
             else:
                 step = apply_rule(rule, mod, seed=rng.randrange(2**31))
         except Exception:  # noqa: BLE001 - NoMatch: every site done; preflight rejections
+            break
+        if step is None:
             break
         after = LeirModule(root.signature, step.after.program)
         if not _verify(root, after, cfg):
