@@ -35,6 +35,10 @@ and loop, not a TIR node):
     product, max or min accumulation, initialised by its own equation, with only reduction
     loops inside the bound loop), and so are ``shared`` (per block) / ``local`` (per thread)
     tensors that each iteration writes before reading (a tile staged in shared memory);
+  - a global tensor handed between the phases of one kernel (sibling ``threadIdx`` loops
+    under the same ``blockIdx`` loops, or code outside them) by different threads: TVM puts
+    ``__syncthreads()`` between phases only for ``shared`` buffers
+    (:func:`phase_handoff_problems`);
   - a ``shared``/``local`` intermediate used by more than one kernel (such memory does not
     outlive a kernel), or accessed across blocks (shared) / threads (local);
   - a known tensor (kernel parameter) annotated ``s``/``l`` (parameters are global);
@@ -698,4 +702,4 @@ def preflight(module_or_program, signature: Signature | None = None, limits: Gpu
 
 __all__ = ["coerce_module", "analyze_or_raise", "EqContext", "eq_contexts", "accesses", "linear_form",
            "subscript_injective", "concurrent_loop_problems", "reduction_combiner", "cross_thread_problem",
-           "loop_hazards", "gpu_problems", "preflight"]
+           "loop_hazards", "gpu_problems", "phase_handoff_problems", "preflight"]

@@ -150,11 +150,12 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
     active_warps = max(1, min(tgt.warps_per_sm, per_sm_blocks * warps_per_block))
     waves = max(1, math.ceil(blocks / (tgt.sms * resident)))
     occupancy = active_warps / tgt.warps_per_sm
-    lane = next((lp.var for lp in nest.loops if lp.kind == "B" and lp.var.startswith("t") and lp.var[1:2] == "x"),
-                None)
     issue_cycles = latency_cycles = 0.0
     dram = l2 = shared = 0.0
     for loops, eq in _equations(nest):
+        # the warp's lanes: the equation's threadIdx.x loop (an inner phase of a block-fused
+        # kernel has its own)
+        lane = next((lp.var for lp in loops if lp.kind == "B" and lp.var.startswith("tx")), None)
         serial = math.prod(lp.extent for lp in loops if lp.kind != "B")
         accs = list(_accesses(eq))
         ops = _ops(eq.value)
