@@ -139,3 +139,28 @@ def test_block_fused_softmax_runs_equal_on_the_simulated_device(tmp_path):
     r = subprocess.run([str(STP), "verify", str(orig), str(bad), "--device", "cuda"], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode != 0 and "handed between phases" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def _run_sequence(seq, root):
+    mod, steps = root, []
+    for rid in seq:
+        mod, steps = R._macro(RULES[rid], mod, steps, root, R.RoundConfig(), random.Random(0), canonical=True)
+    return mod, steps
+
+
+def test_a_split_to_the_previous_nests_extents_lets_a_group_norm_fuse():
+    """A GroupNorm's element-wise nest runs over all 8 channels, its group sums over 2 x 4: the
+    row sequence alone leaves two kernels (8 threads and 2 x 4 threads: one block shape per
+    kernel); the variant that first splits the channel loop to the previous nest's extents
+    (2 x 4) gives one."""
+    root = parse_leir("% program: groupnorm\n% input A: f32[3,8]\n% output H: f32[3,8]\n"
+                      "B^{3}_{tx=0}L^{2}_{a=0}L^{4}_{c=0}[N^{f32,g}_{tx,a}=N^{f32,g}_{tx,a}+A^{f32,g}_{tx,a*4+c};];\n"
+                      "B^{3}_{tx=0}L^{8}_{a=0}[H^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}-N^{f32,g}_{tx,a//4}/4.0;];\n")
+    plain = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] != "loop_split")
+    split = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
+    mod, _ = _run_sequence(plain, root)
+    assert len(mod.program.nests) == 2, mod.text()
+    mod, steps = _run_sequence(split, root)
+    assert len(mod.program.nests) == 1, mod.text()
+    assert steps[0]["rule"] == "loop_split" and steps[0]["params"] == {"f": 4} and "nest(1)" in steps[0]["site"]
+    assert gpu_preflight_problems(mod) == [] and verify_pair(root, mod, seed=2).ok

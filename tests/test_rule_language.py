@@ -152,7 +152,7 @@ def test_value_functions_are_defined_once():
     from steptp.engine.primitives import VALUE_FUNCTIONS
 
     # every value function lives in values.py and is the registered one
-    assert VALUE_FUNCTIONS == V.LANGUAGE_FUNCTIONS and len(VALUE_FUNCTIONS) == 67
+    assert VALUE_FUNCTIONS == V.LANGUAGE_FUNCTIONS and len(VALUE_FUNCTIONS) == 72
     assert all(fn.__module__ == "steptp.engine.values" for _, fn in VALUE_FUNCTIONS.values())
     with pytest.raises(RuntimeError, match="defined twice: rank_of"):
         V._register({"rank_of": (1, lambda ctx, x: 0)})
@@ -166,6 +166,27 @@ def test_gpu_value_functions():
     assert ev("axis_limit(tz)", m) == 64 and ev("axis_limit(by)", m) == 65535
     assert ev("is_thread_axis(ty)", m) is True and ev("is_thread_axis(bx)", m) is False
     assert ev("max_threads_per_block()", m) == 1024
+
+
+def test_block_fusion_value_functions():
+    m = parse_leir("% program: rows\n% input A: f32[4,8]\n% output C: f32[4,8]\n% output F: f32[4]\n"
+                   "B^{4}_{bxa=0}B^{8}_{tya=0}[J^{f32,g}_{bxa}=J^{f32,g}_{bxa}+A^{f32,g}_{bxa,tya};];\n"
+                   "B^{4}_{bxa=0}B^{8}_{tya=0}[C^{f32,g}_{bxa,tya}=A^{f32,g}_{bxa,tya}-J^{f32,g}_{bxa};];\n"
+                   "B^{4}_{bxa=0}B^{4}_{tya=0}[F^{f32,g}_{bxa}=F^{f32,g}_{bxa}+J^{f32,g}_{tya};];\n")
+    n0, n1, n2 = (NestRef((k,)) for k in range(3))
+    assert [lp.var for lp in ev("block_prefix(loops_of(?N))", m, N=n0)] == ["bxa"]
+    assert ev("handoff(?a, ?b)", m, a=n0, b=n1) == ("J",) and ev("handoff(?a, ?b)", m, a=n1, b=n0) == ()
+    assert ev("used_outside(handoff(?a, ?b), ?a, ?b)", m, a=n0, b=n1) is True     # nest 2 reads J too
+    assert ev("used_outside(handoff(?a, ?b), ?a, ?b)", m, a=n1, b=n2) is False    # nothing handed over
+    assert ev("sliced_by(?a, ?b, indices_of(block_prefix(loops_of(?a))))", m, a=n0, b=n1) is True
+    assert ev("sliced_by(?a, ?b, indices_of(block_prefix(loops_of(?a))))", m, a=n1, b=n2) is True
+    # block bxa of nest 2 reads J at every row (J_{tya}): not inside its own slice
+    m2 = parse_leir("% program: rows\n% input A: f32[4,8]\n% output F: f32[4]\n"
+                    "B^{4}_{bxa=0}B^{8}_{tya=0}[J^{f32,g}_{bxa}=J^{f32,g}_{bxa}+A^{f32,g}_{bxa,tya};];\n"
+                    "B^{4}_{bxa=0}B^{4}_{tya=0}[F^{f32,g}_{bxa}=F^{f32,g}_{bxa}+J^{f32,g}_{tya};];\n")
+    assert ev("sliced_by(?a, ?b, indices_of(block_prefix(loops_of(?a))))", m2, a=n0, b=n1) is False
+    assert ev("threads_agree(?a, ?b)", m, a=n0, b=n1) is True
+    assert ev("threads_agree(?a, ?b)", m, a=n1, b=n2) is False
 
 
 # ---------------------------------------------------------------- quantifying preconditions

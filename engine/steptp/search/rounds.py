@@ -74,12 +74,17 @@ MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusio
 #: ``block_fusion`` from the last kernel back) makes a softmax, LayerNorm or GroupNorm chain
 #: one kernel per row block, as TVM's dlight ``GeneralReduction`` schedules them. Its
 #: epilogue step comes before operator fusion, which would otherwise fuse a GEMM's bias add
-#: forward into the next row reduction and leave the GEMM a kernel of its own.
+#: forward into the next row reduction and leave the GEMM a kernel of its own. Its variant
+#: starts with the canonical ``loop_split`` (:func:`_split_matches_previous`): a nest's loop
+#: split to the previous nest's extents (a GroupNorm's channels as groups x channels per
+#: group), so the two bind alike.
 MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
                    ("operator_fusion", "loop_binding", "operator_fusion"),
                    ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"),
                    ("thread_block_rebinding", "loop_binding", "reduction_thread_binding", "epilogue_fusion",
-                    "operator_fusion", "block_fusion"))
+                    "operator_fusion", "block_fusion"),
+                   ("loop_split", "thread_block_rebinding", "loop_binding", "reduction_thread_binding",
+                    "epilogue_fusion", "operator_fusion", "block_fusion"))
 
 #: Two-step proposals: a step of the key rule followed by a step of one of its follow-ups,
 #: when the first alone is a slowdown that enables the second (``thread_block_rebinding``
@@ -256,7 +261,8 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
     each step verified against ``root`` (the macro stops at the first that does not verify or
     when nothing matches): a random site and parameters each time (seeded by ``rng``), or with
     ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
-    the first allowed parameter) whose rewrite passes the GPU preflight (a site whose result
+    the first allowed parameter; for ``loop_split`` the first that matches the previous nest,
+    :func:`_split_matches_previous`) whose rewrite passes the GPU preflight (a site whose result
     the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns the last module and ``steps`` extended by the
     trajectory records."""
     from ..engine import apply_rule, list_candidates  # noqa: PLC0415
@@ -266,7 +272,10 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
         step = None
         try:
             if canonical:
-                for site, params in list_candidates(rule, mod):
+                cands = list_candidates(rule, mod)
+                if rule.id == "loop_split":
+                    cands = [c for c in cands if _split_matches_previous(mod.program, *c)]
+                for site, params in cands:
                     try:
                         step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
                         break
@@ -284,6 +293,22 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
         mod = after
         steps.append(_step(rule.id, step))
     return mod, steps
+
+
+def _split_matches_previous(prog, site, params) -> bool:
+    """The canonical ``loop_split``: a split of serial loop ``p`` of a top-level nest by ``f``
+    that makes the nest's loops up to ``p+1`` have the previous nest's extents (the loops before
+    ``p`` already do; the previous nest's loops ``p``, ``p+1`` are ``n/f``, ``f``). A GroupNorm's
+    element-wise nest over 272 channels after its group reductions over 17 x 16 then binds like
+    them, so ``block_fusion`` can join them (one block shape per kernel)."""
+    if site.nest is None or len(site.nest) != 1 or site.loop is None or site.nest[0] == 0:
+        return False
+    k, p, f = site.nest[0], site.loop, params.get("f")
+    cur, prev = prog.nests[k].loops, prog.nests[k - 1].loops
+    if not isinstance(f, int) or cur[p].kind != "L" or p + 1 >= len(prev):
+        return False
+    return ([lp.extent for lp in cur[:p]] == [lp.extent for lp in prev[:p]]
+            and prev[p].extent * prev[p + 1].extent == cur[p].extent and prev[p + 1].extent == f)
 
 
 def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, cfg: RoundConfig,
