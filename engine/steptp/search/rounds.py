@@ -249,10 +249,14 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
         if not all(r in by_id for r in seq):
             continue
         mod, steps = cur, list(node.steps)
-        for rid in seq:
+        for k, rid in enumerate(seq):
+            n = len(steps)
             mod, steps = _macro(by_id[rid], mod, steps, root, cfg, rng, canonical=True)
-        if len(steps) > len(node.steps) + 1:
-            yield mod, steps, True
+            if k == 0 and rid == "loop_split" and len(steps) == n:
+                break  # no split matches: the rest is the sequence without it
+        else:
+            if len(steps) > len(node.steps) + 1:
+                yield mod, steps, True
 
 
 def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfig, rng: random.Random,
