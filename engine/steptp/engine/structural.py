@@ -13,6 +13,8 @@ strategy-specific code):
   ``where:``, or a name given with ``as:``), not only the match site.
 * ``replace_terms`` - replace every occurrence of a pattern in one equation, one nest or
   the whole program, optionally inside subscripts and targets too.
+* ``inline_reads`` - replace every read of a tensor by its producer's element-wise value,
+  the producer's loop indices replaced by the read's subscript (TVM ``compute_inline``).
 * ``permute_subscripts`` - reorder the subscript entries of every access of a tensor
   (a storage-layout transpose, TVM ``tvm.s_tir.Schedule.transform_layout``).
 * ``map_subscripts`` - rewrite the subscript of every access of a tensor by a value
@@ -163,6 +165,49 @@ def prim_replace_terms(ctx: RewriteContext, pattern, nest=None, equation=None, s
     ctx.changes.append(Change("replace_terms", pattern, kw["with"], where, {"occurrences": count[0]}))
 
 
+@primitive("inline_reads", required=("tensor", "value", "at"), optional=("after",))
+def prim_inline_reads(ctx: RewriteContext, tensor, value, at, after=None):
+    """Replace every read of tensor ``tensor`` (subscripts included) in the top-level nests
+    after ``after`` (a nest; default: every nest) by the term ``value`` with the producer's
+    loop indices replaced by the read's subscript entries: ``at`` is the producer's target
+    subscript, distinct loop indices and integer literals (a read must have the same literal
+    there: the producer wrote nothing else). TVM ``tvm.s_tir.Schedule.compute_inline``
+    through the index map a read implies: a padding nest read at ``c+g`` inside a convolution
+    becomes the guarded input read at ``c+g``. Raises :class:`RewriteError` when ``at`` has
+    another entry or an index twice, a read disagrees with a literal, or nothing reads the
+    tensor."""
+    name, v, sub = ctx.value(tensor), ctx.value(value), ctx.value(at)
+    idx = [e.name for e in sub if isinstance(e, A.Index)] if isinstance(sub, tuple) else []
+    if not (isinstance(sub, tuple) and idx and all(isinstance(e, (A.Index, A.Int)) for e in sub)
+            and len(set(idx)) == len(idx)):
+        raise RewriteError(f"inline_reads: {sub!r} is not a subscript of distinct loop indices and literals")
+    start = ctx.nest_ref(after)[0] + 1 if after is not None else 0
+    count = [0]
+
+    def read(x):
+        if isinstance(x, A.Tensor) and x.name == name:
+            if len(x.indices) != len(sub) or any(isinstance(w, A.Int) and r != w for r, w in zip(x.indices, sub)):
+                raise RewriteError(f"inline_reads: {format_expr(x)} reads outside what the producer writes "
+                                   f"({name} at {', '.join(format_expr(e) for e in sub)})")
+            count[0] += 1
+            m = {w.name: r for r, w in zip(x.indices, sub) if isinstance(w, A.Index)}
+            return A.transform(v, lambda y: m.get(y.name, y) if isinstance(y, A.Index) else y)
+        return x
+
+    def fix(item):
+        if isinstance(item, A.Assign):
+            t = item.target
+            return A.Assign(t.with_indices(tuple(A.transform(e, read) for e in t.indices)),
+                            A.transform(item.value, read))
+        return A.Nest(item.loops, tuple(fix(b) for b in item.body))
+
+    nests = ctx.program.nests
+    ctx.program = A.Program(nests[:start] + tuple(fix(n) for n in nests[start:]))
+    if count[0] == 0:
+        raise RewriteError(f"inline_reads: nothing reads {name} after the producer")
+    ctx.changes.append(Change("inline", name, format_expr(v), "program", {"occurrences": count[0]}))
+
+
 @primitive("permute_subscripts", required=("tensor", "order"))
 def prim_permute_subscripts(ctx: RewriteContext, tensor, order):
     """Reorder the subscript entries of every access of a tensor: entry ``k`` of the new
@@ -222,4 +267,5 @@ def prim_map_subscripts(ctx: RewriteContext, tensor, to, var="sub"):
 
 
 __all__ = ["parse_item_template", "item_ref", "prim_insert_into", "prim_move_nest", "prim_replace_equation",
+           "prim_inline_reads",
            "prim_replace_terms", "prim_permute_subscripts", "prim_map_subscripts"]

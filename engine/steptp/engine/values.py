@@ -723,6 +723,25 @@ def _sliced_by(ctx, n1, n2, indices) -> bool:
     return True
 
 
+def _reads_elsewhere(ctx, name, sub) -> bool:
+    """True when some read of tensor ``name`` is at a subscript other than ``sub`` (a write
+    at ``sub`` is not a read)."""
+    if not isinstance(sub, tuple):
+        raise ValueExprError(f"reads_elsewhere expects a subscript list, got {sub!r}")
+    for _, eq in ctx.module.program.equations():
+        for k, t in enumerate(_eq_tensors(eq)):
+            if k > 0 and t.name == name and t.indices != sub:
+                return True
+    return False
+
+
+def _reads_only_dtype(ctx, term, dt) -> bool:
+    """True when ``term`` reads at least one tensor and every tensor it reads has dtype
+    ``dt``: computed where it is read, it gives the value a ``dt`` tensor would have stored."""
+    dts = {t.dtype for t in A.walk(_expr("reads_only_dtype", term)) if isinstance(t, A.Tensor)}
+    return dts == {_name(dt)}
+
+
 def _thread_extents(ctx, n) -> dict[str, int]:
     out: dict[str, int] = {}
     for l in _all_loops(get_nest(ctx.module.program, n.path)):
@@ -946,6 +965,8 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "used_outside": (3, _used_outside),
     "sliced_by": (3, _sliced_by),
     "threads_agree": (2, _threads_agree),
+    "reads_elsewhere": (2, _reads_elsewhere),
+    "reads_only_dtype": (2, _reads_only_dtype),
 }
 
 

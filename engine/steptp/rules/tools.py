@@ -53,6 +53,7 @@ EXTRA_STRATEGIES: tuple[str, ...] = (
     "thread_block_rebinding",     # a spatial loop moved from threadIdx to blockIdx (one block -> the grid)
     "epilogue_fusion",            # an element-wise consumer moved into its reduction's nest (reverse_compute_at)
     "block_fusion",               # two kernels over the same blocks as one, handed values in shared memory
+    "compute_inline_indexed",     # compute_inline of a producer read at other subscripts (a padding nest)
 )
 
 

@@ -74,15 +74,17 @@ MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusio
 #: ``block_fusion`` from the last kernel back) makes a softmax, LayerNorm or GroupNorm chain
 #: one kernel per row block, as TVM's dlight ``GeneralReduction`` schedules them. Its
 #: epilogue step comes before operator fusion, which would otherwise fuse a GEMM's bias add
-#: forward into the next row reduction and leave the GEMM a kernel of its own. Its variant
+#: forward into the next row reduction and leave the GEMM a kernel of its own; it starts by
+#: inlining padding-like producers into their readers (``compute_inline_indexed``: a padded
+#: convolution's pad kernel). Its variant
 #: starts with the canonical ``loop_split`` (:func:`_split_matches_previous`): a nest's loop
 #: split to the previous nest's extents (a GroupNorm's channels as groups x channels per
 #: group), so the two bind alike.
 MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
                    ("operator_fusion", "loop_binding", "operator_fusion"),
                    ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"),
-                   ("thread_block_rebinding", "loop_binding", "reduction_thread_binding", "epilogue_fusion",
-                    "operator_fusion", "block_fusion"),
+                   ("compute_inline_indexed", "thread_block_rebinding", "loop_binding", "reduction_thread_binding",
+                    "epilogue_fusion", "operator_fusion", "block_fusion"),
                    ("loop_split", "thread_block_rebinding", "loop_binding", "reduction_thread_binding",
                     "epilogue_fusion", "operator_fusion", "block_fusion"))
 
