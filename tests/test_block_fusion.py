@@ -1,4 +1,6 @@
-"""Block-level fusion (rule block_fusion) and the GPU preflight's phase-handoff check.
+"""Block-level fusion (rule block_fusion), the round search's row-wise macro sequences that
+reach it (with compute_inline_indexed and the matched loop split) and the GPU preflight's
+phase-handoff check.
 
 A kernel whose blocks run two phases (sibling threadIdx loops, or code outside them, under the
 same blockIdx loops) needs a barrier where one phase reads what other threads wrote in the
@@ -164,3 +166,26 @@ def test_a_split_to_the_previous_nests_extents_lets_a_group_norm_fuse():
     assert len(mod.program.nests) == 1, mod.text()
     assert steps[0]["rule"] == "loop_split" and steps[0]["params"] == {"f": 4} and "nest(1)" in steps[0]["site"]
     assert gpu_preflight_problems(mod) == [] and verify_pair(root, mod, seed=2).ok
+
+
+def test_the_row_sequence_inlines_a_padding_nest_and_the_result_runs_on_the_simulated_device(tmp_path):
+    """compute_inline_indexed at the head of the row sequence: a padded convolution (the
+    translator's pad kernel, then the sum read at a+d) becomes one kernel; the inlined guard
+    keeps the reads of the padding in bounds (CUDA code generation, nvcc PTX, simulated device)."""
+    text = ("% program: conv1d\n% input A: f32[1,3,12]\n% param W: f32[5,3,3]\n% output C: f32[1,5,12]\n"
+            "B^{3}_{tx=0}L^{14}_{a=0}[D^{f32,g}_{0,tx,a}=if_then_else(1<=a&a<13,A^{f32,g}_{0,tx,a-1},0.0);];\n"
+            "B^{5}_{tx=0}L^{12}_{a=0}L^{3}_{c=0}L^{3}_{d=0}[C^{f32,g}_{0,tx,a}=C^{f32,g}_{0,tx,a}"
+            "+D^{f32,g}_{0,c,a+d}*W^{f32,g}_{tx,c,d};];\n")
+    root = parse_leir(text)
+    seq = next(s for s in R.MACRO_SEQUENCES if s[0] == "compute_inline_indexed")
+    mod, steps = _run_sequence(seq, root)
+    assert steps[0]["rule"] == "compute_inline_indexed" and len(mod.program.nests) == 1, mod.text()
+    assert "if_then_else(" in mod.text() and "D^{" not in mod.text()   # the pad is computed where read
+    assert gpu_preflight_problems(mod) == []
+    orig, cand = tmp_path / "a.leir", tmp_path / "b.leir"
+    orig.write_text(text)
+    cand.write_text(mod.text())
+    env = {**__import__("os").environ, "STP_CUDA_SIM": "1"}
+    r = subprocess.run([str(STP), "verify", str(orig), str(cand), "--device", "cuda"], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "Equal  pass" in r.stdout, r.stdout + r.stderr
