@@ -76,10 +76,9 @@ MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusio
 #: epilogue step comes before operator fusion, which would otherwise fuse a GEMM's bias add
 #: forward into the next row reduction and leave the GEMM a kernel of its own; it starts by
 #: inlining padding-like producers into their readers (``compute_inline_indexed``: a padded
-#: convolution's pad kernel). Its variant
-#: starts with the canonical ``loop_split`` (:func:`_split_matches_previous`): a nest's loop
-#: split to the previous nest's extents (a GroupNorm's channels as groups x channels per
-#: group), so the two bind alike.
+#: convolution's pad kernel). Its variant starts with the canonical ``loop_split``
+#: (:func:`_split_matches_previous`): a nest's loop split to the previous nest's extents (a
+#: GroupNorm's channels as groups x channels per group), so the two bind alike.
 MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
                    ("operator_fusion", "loop_binding", "operator_fusion"),
                    ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"),
@@ -269,8 +268,8 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
     ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
     the first allowed parameter; for ``loop_split`` the first that matches the previous nest,
     :func:`_split_matches_previous`) whose rewrite passes the GPU preflight (a site whose result
-    the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns the last module and ``steps`` extended by the
-    trajectory records."""
+    the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns
+    the last module and ``steps`` extended by the trajectory records."""
     from ..engine import apply_rule, list_candidates  # noqa: PLC0415
 
     steps = list(steps)
@@ -285,7 +284,7 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
                     try:
                         step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
                         break
-                    except Exception:  # noqa: BLE001 - this site's rewrite fails the preflight: the next
+                    except Exception:  # noqa: BLE001 - refused by the preflight (or the rewrite): next site
                         continue
             else:
                 step = apply_rule(rule, mod, seed=rng.randrange(2**31))
