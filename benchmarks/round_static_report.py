@@ -1,0 +1,69 @@
+"""What a round of the GPU round search built, by the static GPU model (no GPU needed).
+
+    python benchmarks/round_static_report.py OUT/rounds/state.json [--measured SUMMARY.json]
+
+For the round's candidates (the pending round's, else every measured one) prints per program
+the fewest kernel launches (top-level nests) of a candidate, the static model's best estimate
+(``steptp.search.cost_gpu.estimate_gpu_ns``, microseconds) and, with ``--measured`` (a round
+search's ``summary.json`` from a GPU, e.g. benchmarks/results/gpu-search-h200/summary.json),
+the measured original over that estimate: the speedup the candidate would have if the GPU
+agreed with the model. Then the totals: candidates, those with each rule in their steps, the
+kernel sum, how many programs reach 30x by that estimate and the median of it. Model figures,
+not measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+
+from steptp.leir.fileformat import parse_leir
+from steptp.search.cost_gpu import estimate_gpu_ns
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("state", help="OUT/rounds/state.json of `stp search --runner pack`")
+    ap.add_argument("--measured", help="summary.json of a GPU round search (root_us per program)")
+    ap.add_argument("--mark", type=float, default=30.0, help="speedup mark to count (default 30)")
+    a = ap.parse_args(argv)
+    try:
+        state = json.load(open(a.state))
+        measured = {p["program"]: p for p in json.load(open(a.measured))["programs"]} if a.measured else {}
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    pending = (state.get("pending") or {}).get("candidates")
+    if pending is None:
+        pending = {n: [m for m in p["measured"].values() if m.get("text")] for n, p in state["programs"].items()}
+    rules: collections.Counter = collections.Counter()
+    rows = []
+    for name, cands in sorted(pending.items()):
+        if not cands:
+            continue
+        progs = [parse_leir(c["text"]).program for c in cands]
+        for c in cands:
+            rules.update({s["rule"] for s in c.get("steps", [])})
+        kernels = min(len(p.nests) for p in progs)
+        best_us = min(estimate_gpu_ns(p) for p in progs) / 1e3
+        root_us = (measured.get(name) or {}).get("root_us")
+        rows.append((name, kernels, best_us, root_us / best_us if root_us else None))
+    print(f"{'program':48s} {'kernels':>7s} {'model us':>9s} {'x (measured root / model)':>26s}")
+    for name, k, us, x in rows:
+        print(f"{name[:48]:48s} {k:7d} {us:9.1f} {'' if x is None else f'{x:26.1f}'}")
+    ncand = sum(len(c) for c in pending.values())
+    print(f"\ncandidates: {ncand}; with each rule: "
+          + ", ".join(f"{r} {n}" for r, n in sorted(rules.items(), key=lambda kv: -kv[1])))
+    print(f"fewest kernels per program, summed: {sum(r[1] for r in rows)} over {len(rows)} programs")
+    xs = [r[3] for r in rows if r[3] is not None]
+    if xs:
+        print(f"programs at {a.mark:g}x or more by the model: {sum(1 for x in xs if x >= a.mark)} of {len(xs)}; "
+              f"median {statistics.median(xs):.1f}x (model figures, not measurements)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
