@@ -623,12 +623,17 @@ def _bound_axes(ctx, n) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _threads_per_block(ctx, n) -> int:
-    ext: dict[str, int] = {}
-    for l in _all_loops(_kernel(ctx, n)):
+def _thread_extents(nest: A.Nest) -> dict[str, int]:
+    """Thread axis (``tx``, ``ty``, ``tz``) -> the largest extent a loop of ``nest`` binds it to."""
+    out: dict[str, int] = {}
+    for l in _all_loops(nest):
         if l.kind == "B" and l.var.startswith("t"):
-            ext[l.var[:2]] = max(ext.get(l.var[:2], 1), l.extent)
-    return math.prod(ext.values())
+            out[l.var[:2]] = max(out.get(l.var[:2], 1), l.extent)
+    return out
+
+
+def _threads_per_block(ctx, n) -> int:
+    return math.prod(_thread_extents(_kernel(ctx, n)).values())
 
 
 def _axis_limit(ctx, ax) -> int:
@@ -665,10 +670,8 @@ def _eq_tensors(eq: A.Assign) -> list:
 def _nest_tensors(ctx, n, writes: bool) -> tuple[str, ...]:
     """Names of the tensors a nest (inner nests included) writes (``writes``) or reads, in
     order of first occurrence."""
-    if not isinstance(n, NestRef):
-        raise ValueExprError(f"expected a nest, got {n!r}")
     out: dict[str, None] = {}
-    for _, eq in get_nest(ctx.module.program, n.path).equations():
+    for _, eq in _nest("nest_tensors", ctx, n).equations():
         for k, t in enumerate(_eq_tensors(eq)):
             if (k == 0) == writes:
                 out.setdefault(t.name, None)
@@ -711,7 +714,7 @@ def _sliced_by(ctx, n1, n2, indices) -> bool:
     a2 = w2 | set(_nest_tensors(ctx, n2, False))
     shared = (w1 & a2) | (w2 & a1)
     for name in shared:
-        acc = [t for n in (n1, n2) for _, eq in get_nest(ctx.module.program, n.path).equations()
+        acc = [t for n in (n1, n2) for _, eq in _nest("sliced_by", ctx, n).equations()
                for t in _eq_tensors(eq) if t.name == name]
         for v in idx:
             pos = {tuple(k for k, e in enumerate(t.indices) if isinstance(e, A.Index) and e.name == v) for t in acc}
@@ -742,18 +745,10 @@ def _reads_only_dtype(ctx, term, dt) -> bool:
     return dts == {_name(dt)}
 
 
-def _thread_extents(ctx, n) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for l in _all_loops(get_nest(ctx.module.program, n.path)):
-        if l.kind == "B" and l.var.startswith("t"):
-            out[l.var[:2]] = max(out.get(l.var[:2], 1), l.extent)
-    return out
-
-
 def _threads_agree(ctx, n1, n2) -> bool:
     """True when every thread axis bound in both nests has the same extent in both (one
     kernel launches one block shape: TVM keeps the first extent of a tag and skips work)."""
-    e1, e2 = _thread_extents(ctx, n1), _thread_extents(ctx, n2)
+    e1, e2 = (_thread_extents(_nest("threads_agree", ctx, n)) for n in (n1, n2))
     return all(e1[a] == e2[a] for a in e1.keys() & e2.keys())
 
 
