@@ -194,15 +194,9 @@ def prim_inline_reads(ctx: RewriteContext, tensor, value, at, after=None):
             return A.transform(v, lambda y: m.get(y.name, y) if isinstance(y, A.Index) else y)
         return x
 
-    def fix(item):
-        if isinstance(item, A.Assign):
-            t = item.target
-            return A.Assign(t.with_indices(tuple(A.transform(e, read) for e in t.indices)),
-                            A.transform(item.value, read))
-        return A.Nest(item.loops, tuple(fix(b) for b in item.body))
-
     nests = ctx.program.nests
-    ctx.program = A.Program(nests[:start] + tuple(fix(n) for n in nests[start:]))
+    later = A.map_program_exprs(A.Program(nests[start:]), lambda e: A.transform(e, read))  # targets: X is not one
+    ctx.program = A.Program(nests[:start] + later.nests)
     if count[0] == 0:
         raise RewriteError(f"inline_reads: nothing reads {name} after the producer")
     ctx.changes.append(Change("inline", name, format_expr(v), "program", {"occurrences": count[0]}))

@@ -45,6 +45,7 @@ import math
 from typing import Any
 
 from ..leir import ast as A
+from ..backend.preflight import accesses as eq_accesses  # target first, then every read
 from . import patterns as P
 from .navigation import IdentityMemo
 from .primitives import (VALUE_FUNCTIONS, EqRef, EvalContext, NestRef, ValueExprError, get_item, get_nest,
@@ -662,17 +663,12 @@ def _block_prefix(ctx, loops) -> tuple:
     return tuple(out)
 
 
-def _eq_tensors(eq: A.Assign) -> list:
-    """Every tensor access of an equation: its target first, then the reads (subscripts too)."""
-    return [t for t in (*A.walk(eq.target), *A.walk(eq.value)) if isinstance(t, A.Tensor)]
-
-
 def _nest_tensors(ctx, n, writes: bool) -> tuple[str, ...]:
     """Names of the tensors a nest (inner nests included) writes (``writes``) or reads, in
     order of first occurrence."""
     out: dict[str, None] = {}
     for _, eq in _nest("nest_tensors", ctx, n).equations():
-        for k, t in enumerate(_eq_tensors(eq)):
+        for k, t in enumerate(eq_accesses(eq)):
             if (k == 0) == writes:
                 out.setdefault(t.name, None)
     return tuple(out)
@@ -696,7 +692,7 @@ def _used_outside(ctx, names, n1, n2) -> bool:
         if k in keep:
             continue
         for _, eq in nest.equations():
-            if any(t.name in names for t in _eq_tensors(eq)):
+            if any(t.name in names for t in eq_accesses(eq)):
                 return True
     return False
 
@@ -715,7 +711,7 @@ def _sliced_by(ctx, n1, n2, indices) -> bool:
     shared = (w1 & a2) | (w2 & a1)
     for name in shared:
         acc = [t for n in (n1, n2) for _, eq in _nest("sliced_by", ctx, n).equations()
-               for t in _eq_tensors(eq) if t.name == name]
+               for t in eq_accesses(eq) if t.name == name]
         for v in idx:
             pos = {tuple(k for k, e in enumerate(t.indices) if isinstance(e, A.Index) and e.name == v) for t in acc}
             if len(pos) != 1 or len(next(iter(pos))) != 1:
@@ -732,7 +728,7 @@ def _reads_elsewhere(ctx, name, sub) -> bool:
     if not isinstance(sub, tuple):
         raise ValueExprError(f"reads_elsewhere expects a subscript list, got {sub!r}")
     for _, eq in ctx.module.program.equations():
-        for k, t in enumerate(_eq_tensors(eq)):
+        for k, t in enumerate(eq_accesses(eq)):
             if k > 0 and t.name == name and t.indices != sub:
                 return True
     return False

@@ -253,8 +253,8 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
         for k, rid in enumerate(seq):
             n = len(steps)
             mod, steps = _macro(by_id[rid], mod, steps, root, cfg, rng, canonical=True)
-            if k == 0 and rid == "loop_split" and len(steps) == n:
-                break  # no split matches: the rest is the sequence without it
+            if k == 0 and rid in CANONICAL_FILTERS and len(steps) == n:
+                break  # nothing the filter accepts: the rest is the sequence without this rule
         else:
             if len(steps) > len(node.steps) + 1:
                 yield mod, steps, True
@@ -266,8 +266,8 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
     each step verified against ``root`` (the macro stops at the first that does not verify or
     when nothing matches): a random site and parameters each time (seeded by ``rng``), or with
     ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
-    the first allowed parameter; for ``loop_split`` the first that matches the previous nest,
-    :func:`_split_matches_previous`) whose rewrite passes the GPU preflight (a site whose result
+    the first allowed parameter; for a rule of :data:`CANONICAL_FILTERS` the first its filter
+    accepts) whose rewrite passes the GPU preflight (a site whose result
     the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns
     the last module and ``steps`` extended by the trajectory records."""
     from ..engine import apply_rule, list_candidates  # noqa: PLC0415
@@ -278,8 +278,8 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
         try:
             if canonical:
                 cands = list_candidates(rule, mod)
-                if rule.id == "loop_split":
-                    cands = [c for c in cands if _split_matches_previous(mod.program, *c)]
+                if rule.id in CANONICAL_FILTERS:
+                    cands = [c for c in cands if CANONICAL_FILTERS[rule.id](mod.program, *c)]
                 for site, params in cands:
                     try:
                         step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
@@ -314,6 +314,12 @@ def _split_matches_previous(prog, site, params) -> bool:
         return False
     return ([lp.extent for lp in cur[:p]] == [lp.extent for lp in prev[:p]]
             and prev[p].extent * prev[p + 1].extent == cur[p].extent and prev[p + 1].extent == f)
+
+
+#: Rules whose canonical macro step is the first candidate a filter ``(program, site, params)
+#: -> bool`` accepts, not simply the first; a macro sequence starting with one of them that
+#: takes no step is skipped (it would repeat the sequence without it).
+CANONICAL_FILTERS = {"loop_split": _split_matches_previous}
 
 
 def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, cfg: RoundConfig,
