@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from steptp.backend import cuda_source
+from steptp.backend.build import compile_cuda_text, lower_module
 from steptp.backend.preflight import gpu_problems
 from steptp.engine import apply_rule, list_candidates
 from steptp.engine.apply import PreflightRejected, gpu_preflight_problems
@@ -115,9 +116,7 @@ def test_the_row_sequence_fuses_a_layernorm_into_one_kernel():
             "/sqrt(K^{f64,g}_{tx}/40.0+1e-05)*D^{f32,g}_{a}+E^{f32,g}_{a};];\n")
     root = parse_leir(text)
     seq = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion")
-    mod, steps = root, []
-    for rid in seq:
-        mod, steps = R._macro(RULES[rid], mod, steps, root, R.RoundConfig(), random.Random(0), canonical=True)
+    mod, steps = _run_sequence(seq, root)
     assert len(mod.program.nests) == 1, mod.text()
     assert [s["rule"] for s in steps].count("block_fusion") == 2
     assert gpu_preflight_problems(mod) == []
@@ -142,10 +141,7 @@ def test_block_fused_softmax_runs_equal_on_the_simulated_device(tmp_path):
 
 
 def _run_sequence(seq, root):
-    mod, steps = root, []
-    for rid in seq:
-        mod, steps = R._macro(RULES[rid], mod, steps, root, R.RoundConfig(), random.Random(0), canonical=True)
-    return mod, steps
+    return R.run_sequence(seq, RULES, root, [], root, R.RoundConfig(), random.Random(0))
 
 
 def test_a_split_to_the_previous_nests_extents_lets_a_group_norm_fuse():
@@ -187,3 +183,69 @@ def test_the_row_sequence_inlines_a_padding_nest_and_the_result_runs_on_the_simu
     r = subprocess.run([str(STP), "verify", str(orig), str(cand), "--device", "cuda"], capture_output=True,
                        text=True, env=env, timeout=600)
     assert r.returncode == 0 and "Equal  pass" in r.stdout, r.stdout + r.stderr
+
+
+# --- redundant execution: a phase outside an axis bound elsewhere in its kernel -------------
+
+def _redundant(first_loops: str, target: str, second_loops: str) -> str:
+    return ("% program: r\n% input A: f32[2,8,4]\n% output F: f32[2,8,4]\n% output X: f32[2]\n"
+            f"B^{{2}}_{{bxa=0}}[{first_loops}[{target}_{{bxa}}={target}_{{bxa}}+A^{{f32,g}}_{{bxa,c,d}};];"
+            f"{second_loops}[F^{{f32,g}}_{{bxa,c,d}}=A^{{f32,g}}_{{bxa,c,d}}*2.0;];];\n")
+
+
+def test_an_in_place_update_outside_a_thread_axis_of_its_kernel_is_a_race():
+    """TVM emits a phase outside a thread axis bound elsewhere in the kernel with no thread
+    test, so every thread runs its X = X + .. at once: the preflight refuses it (the CPU runs
+    it once). A block axis bound in one phase makes every block of it run the other phases:
+    a race for a global update, not for a shared one (one copy per block). TVM's cross-thread
+    all-reduce (the reduction itself bound to a thread) groups the other threads: allowed."""
+    serial = _redundant("L^{8}_{c=0}L^{4}_{d=0}", "X^{f32,g}", "B^{8}_{txa=0}L^{4}_{e=0}").replace(
+        "F^{f32,g}_{bxa,c,d}=A^{f32,g}_{bxa,c,d}", "F^{f32,g}_{bxa,txa,e}=A^{f32,g}_{bxa,txa,e}")
+    probs = gpu_problems(parse_leir(serial))
+    assert len(probs) == 1 and "updates X in place" in probs[0] and "threadIdx.x (8)" in probs[0], probs
+    # the code TVM would build (lowered without the preflight that now refuses it)
+    src = compile_cuda_text(lower_module(parse_leir(serial), None, "cuda").text, "sm_90")
+    body = src[src.index("main_kernel(float"):]
+    update = body.index("X_ptr[((int)blockIdx.x)] = (X_ptr")
+    assert "threadIdx" not in body[:update]   # no guard: every thread runs the update
+    by_block = ("% program: r\n% input A: f32[2,8,4]\n% output F: f32[2,8,4]\n% output X: f32[2]\n"
+                "B^{2}_{bxa=0}[B^{8}_{txa=0}L^{4}_{d=0}[X^{f32,g}_{bxa}=X^{f32,g}_{bxa}+A^{f32,g}_{bxa,txa,d};];"
+                "B^{8}_{txa=0}B^{4}_{bya=0}[F^{f32,g}_{bxa,txa,bya}=A^{f32,g}_{bxa,txa,bya}*2.0;];];\n")
+    assert gpu_problems(parse_leir(by_block)) == []   # an all-reduce stores the same value per block
+    by_block_serial = by_block.replace("B^{8}_{txa=0}L^{4}_{d=0}[X^{f32,g}_{bxa}=X^{f32,g}_{bxa}+A^{f32,g}_{bxa,txa,d}",
+                                       "L^{8}_{c=0}L^{4}_{d=0}[X^{f32,g}_{bxa}=X^{f32,g}_{bxa}+A^{f32,g}_{bxa,c,d}")
+    probs = gpu_problems(parse_leir(by_block_serial))
+    assert len(probs) == 1 and "threadIdx.x (8), blockIdx.y (4)" in probs[0], probs
+    shared = ("% program: r\n% input A: f32[2,8,4]\n% output F: f32[2,8,4]\n"
+              "B^{2}_{bxa=0}[B^{8}_{txa=0}L^{4}_{d=0}[I^{f32,s}_{bxa}=I^{f32,s}_{bxa}+A^{f32,g}_{bxa,txa,d};];"
+              "B^{8}_{txa=0}B^{4}_{tya=0}[F^{f32,g}_{bxa,txa,tya}=A^{f32,g}_{bxa,txa,tya}-I^{f32,s}_{bxa};];];\n")
+    assert gpu_problems(parse_leir(shared)) == []   # all-reduce over tx, ty threads grouped
+    src = cuda_source(parse_leir(shared))
+    assert "__shfl_sync(mask_ptr[0], red_buf0_ptr[0], (((int)threadIdx.y) * 8), 32)" in src
+
+
+def test_a_split_of_a_bound_loop_simplifies_the_group_reads_and_the_grid_filter_fuses_a_group_norm():
+    """A GroupNorm shaped like the translator's (the normalisation over all channels reads the
+    group statistics at c//4): the split variant of the row sequence splits its channel loop as
+    the group nests' 2 x 4 (the split simplifies (g*4+c)//4 to g), the row sequence's binding
+    keeps blocks outermost (loop_binding/grid: the fourth loop stays serial, not blockIdx.y),
+    and block_fusion joins the three nests into one kernel. With the plain canonical binding
+    the normalisation's last loop goes to blockIdx.y and block_fusion finds no site."""
+    root = parse_leir(
+        "% program: gn\n% input A: f32[8,3,5,2]\n% output K: f32[8,3,5,2]\n"
+        "B^{2}_{tx=0}L^{4}_{a=0}L^{3}_{c=0}L^{5}_{d=0}L^{2}_{f=0}[I^{f64,g}_{tx}=I^{f64,g}_{tx}"
+        "+A^{f32,g}_{tx*4+a,c,d,f};];\n"
+        "B^{2}_{tx=0}L^{4}_{a=0}L^{3}_{c=0}L^{5}_{d=0}L^{2}_{f=0}[J^{f64,g}_{tx}=J^{f64,g}_{tx}"
+        "+(A^{f32,g}_{tx*4+a,c,d,f}-I^{f64,g}_{tx}/120.0)*(A^{f32,g}_{tx*4+a,c,d,f}-I^{f64,g}_{tx}/120.0);];\n"
+        "B^{8}_{tx=0}L^{3}_{a=0}L^{5}_{c=0}L^{2}_{d=0}[K^{f32,g}_{tx,a,c,d}=(A^{f32,g}_{tx,a,c,d}"
+        "-I^{f64,g}_{tx//4}/120.0)/sqrt(J^{f64,g}_{tx//4}/120.0+1e-05);];\n")
+    split = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
+    assert "loop_binding/grid" in split
+    mod, steps = _run_sequence(split, root)
+    assert steps[0]["rule"] == "loop_split" and steps[0]["params"] == {"f": 4}
+    assert len(mod.program.nests) == 1, mod.text()
+    assert "//" not in mod.text() and "B^{" in mod.text() and "_{bya" not in mod.text()
+    assert gpu_preflight_problems(mod) == [] and verify_pair(root, mod, seed=3).ok
+    plain = tuple("loop_binding" if s == "loop_binding/grid" else s for s in split)
+    mod, _ = _run_sequence(plain, root)
+    assert len(mod.program.nests) > 1 and "_{bya=0}" in mod.text(), mod.text()

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from steptp.frontend import TranslationError, load_program, supported_ops, translate_file, translate_model
 from steptp.frontend.examples import example_programs, sync_examples
-from steptp.frontend.ir import simplify_index
+from steptp.leir.indexarith import simplify_index
 from steptp.frontend.naming import INDEX_LETTERS, TensorNames, index_name, tensor_name
 from steptp.leir import ast as A
 from steptp.leir import format_leir, format_program, parse_expr, parse_leir

@@ -152,7 +152,7 @@ def test_value_functions_are_defined_once():
     from steptp.engine.primitives import VALUE_FUNCTIONS
 
     # every value function lives in values.py and is the registered one
-    assert VALUE_FUNCTIONS == V.LANGUAGE_FUNCTIONS and len(VALUE_FUNCTIONS) == 74
+    assert VALUE_FUNCTIONS == V.LANGUAGE_FUNCTIONS and len(VALUE_FUNCTIONS) == 75
     assert all(fn.__module__ == "steptp.engine.values" for _, fn in VALUE_FUNCTIONS.values())
     with pytest.raises(RuntimeError, match="defined twice: rank_of"):
         V._register({"rank_of": (1, lambda ctx, x: 0)})

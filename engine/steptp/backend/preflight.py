@@ -39,6 +39,9 @@ and loop, not a TIR node):
     under the same ``blockIdx`` loops, or code outside them) by different threads: TVM puts
     ``__syncthreads()`` between phases only for ``shared`` buffers
     (:func:`phase_handoff_problems`);
+  - a read-modify-write (``X = X + ..``) of a ``global`` (``shared``) tensor outside a block
+    (thread) axis bound elsewhere in its kernel: every block (thread) of that axis runs it
+    at once (:func:`redundant_execution_problems`);
   - a ``shared``/``local`` intermediate used by more than one kernel (such memory does not
     outlive a kernel), or accessed across blocks (shared) / threads (local);
   - a known tensor (kernel parameter) annotated ``s``/``l`` (parameters are global);
@@ -558,6 +561,7 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
             kernel_of[c.index] = root
 
     problems += phase_handoff_problems(kernels, kernel_nest, info)
+    problems += redundant_execution_problems(kernels, kernel_nest, info)
 
     # shared / local intermediates: one kernel, no cross-block (shared) / cross-thread (local) access
     shared_bytes: dict[LoopId, int] = {}
@@ -658,6 +662,47 @@ def phase_handoff_problems(kernels: dict[LoopId, list[EqContext]], kernel_nest: 
                                 f"{kernel_nest[root]} by different threads ({format_expr(t1)} in {c1.where()}, "
                                 f"{format_expr(t2)} in {c2.where()}): TVM puts no barrier between phases for "
                                 "global memory (a shared-scope buffer gets __syncthreads)")
+    return problems
+
+
+def redundant_execution_problems(kernels: dict[LoopId, list[EqContext]], kernel_nest: dict[LoopId, int],
+                                 info: ProgramInfo) -> list[str]:
+    """Read-modify-write equations that every thread (or block) of an axis they are not bound
+    to runs at once.
+
+    A thread or block axis bound anywhere in a kernel is part of its launch: an equation of
+    the kernel outside that axis's loop (another phase) runs in each of its threads (blocks),
+    unguarded (checked: ``stp lower --cuda`` of ``B^{2}_{bxa}[L^{8}L^{4}[X_{bxa}=X_{bxa}+..];
+    B^{8}_{txa}L^{4}[..]]`` gives the ``X`` loop with no ``threadIdx`` test). A store of the
+    same value by each is harmless, and so is TVM's cross-thread all-reduce (a reduction loop
+    bound to a thread axis: TVM groups the other threads, each group reducing alike), but a
+    read-modify-write of one element (``X = X + ..``) by concurrent copies loses or repeats
+    updates on the GPU while the CPU's sequential semantics runs it once. Threads not bound
+    matter for ``shared`` and ``global`` targets, blocks not bound for ``global`` targets only
+    (each block has its own shared memory); ``local`` targets are per thread. Returns one
+    problem per (kernel, equation)."""
+    problems: list[str] = []
+    for root, cs in kernels.items():
+        tags: dict[str, int] = {}
+        for c in cs:
+            for _, l in c.loops:
+                if l.kind == "B":
+                    tags.setdefault(l.thread_tag, l.extent)
+        for c in cs:
+            scope = info.types.get(c.eq.target.name, ("", "g"))[1]
+            if scope == "l" or not any(t.name == c.eq.target.name for t in accesses(c.eq)[1:]):
+                continue
+            own = {l.thread_tag for _, l in c.loops if l.kind == "B"}
+            target_vars = set().union(*(_index_names(e) for e in c.eq.target.indices)) if c.eq.target.indices \
+                else set()
+            if any(l.var not in target_vars for _, l in _thread_loops(c)):
+                continue  # a cross-thread all-reduce: TVM groups the other threads
+            missing = [t for t in tags if t not in own and (scope == "g" or is_thread_tag(t))]
+            if missing:
+                who = ", ".join(f"{t} ({tags[t]})" for t in missing)
+                problems.append(f"{c.where()} updates {c.eq.target.name} in place but is not under the kernel's "
+                                f"{who} binding: every thread (block) of that axis runs it at once, and their "
+                                "updates of one element race on the GPU")
     return problems
 
 

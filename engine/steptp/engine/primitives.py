@@ -18,15 +18,17 @@ from typing import Any, Callable
 
 from ..leir import ast as A
 from ..leir.fileformat import LeirModule
+from ..leir.indexarith import simplify_subscripts
 from ..leir.printer import format_assign, format_expr, format_loops, format_nest
 from . import patterns as P
 from .domains import (DOMAIN_MODIFIERS, DOMAINS, MAX_DOMAIN_VALUES, VALUE_FUNCTIONS, EvalContext, ValueExprError,
                       divisors, domain_values, eval_let, eval_value, is_expression, parse_value, permutations,
                       value_vars)
 from .navigation import (INDEX_ALPHABET, RESERVED_INDEX_NAMES, TENSOR_ALPHABET, CreatedRef, EqRef, NestRef,
-                         RewriteError, _fmt_path, _shift_path, expr_at, fresh_index_name, fresh_tensor_name, get_item,
-                         get_nest, iter_tensors, map_nest_exprs, nest_loop_vars, program_names, replace_expr,
-                         replace_item, replace_items, value_children, value_occurrences)
+                         RewriteError, _fmt_path, _shift_path, enclosing_loops, expr_at, fresh_index_name,
+                         fresh_tensor_name, get_item, get_nest, iter_tensors, map_nest_exprs, nest_loop_vars,
+                         program_names, replace_expr, replace_item, replace_items, value_children,
+                         value_occurrences)
 
 
 # ---------------------------------------------------------------------------
@@ -228,7 +230,10 @@ def prim_replace(ctx: RewriteContext, template: str):
            template_args={"mapping": "mapping"})
 def prim_substitute_index(ctx: RewriteContext, mapping: dict, nest=None):
     """Replace loop indices by index expressions in every equation of a nest (default:
-    the site's nest), inner nests included: ``{"?i": "?io*?f+?ii"}``."""
+    the site's nest), inner nests included: ``{"?i": "?io*?f+?ii"}``. The nest's subscripts
+    are then simplified with the loops' ranges (:func:`steptp.leir.indexarith.simplify_index`;
+    TVM's ``arith.Analyzer`` does the same after ``split``): a read ``X[i//66]`` of a loop
+    split by 66 becomes ``X[io]``, not ``X[(io*66+ii)//66]``."""
     path = ctx.nest_ref(nest) if nest is not None else ctx.site_nest()
     n = get_nest(ctx.program, path)
     sub: dict[str, A.Expr] = {}
@@ -240,6 +245,8 @@ def prim_substitute_index(ctx: RewriteContext, mapping: dict, nest=None):
             raise RewriteError(f"substitute_index: {k!r} is not an index name")
         sub[name] = _instantiate(ctx, "expr", str(v))
     new = map_nest_exprs(n, lambda e: A.substitute_indices(e, sub))
+    outer = {lp.var: lp.extent for lp in enclosing_loops(ctx.program, path)} if len(path) > 1 else {}
+    new = simplify_subscripts(new, outer)
     ctx.program = replace_item(ctx.program, path, new)
     for name, e in sub.items():
         ctx.changes.append(Change("substitute", name, format_expr(e), str(NestRef(path))))

@@ -674,6 +674,17 @@ def _nest_tensors(ctx, n, writes: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _grid_is_prefix(ctx, n) -> bool:
+    """True when every blockIdx-bound loop of top-level nest ``n`` is one of its leading block
+    loops (:func:`_block_prefix`): the kernel's grid is those loops. A block axis bound further
+    in (below a thread loop, or in one phase of a block-fused kernel) is part of the launch
+    too, and every other phase then runs once per block of it (``stp lower --cuda``: a phase
+    outside ``blockIdx.y`` runs in every ``blockIdx.y`` block)."""
+    nest = _nest("grid_is_prefix", ctx, n)
+    prefix = len(_block_prefix(ctx, nest.loops))
+    return sum(1 for l in _all_loops(nest) if l.kind == "B" and l.var.startswith("b")) == prefix
+
+
 def _handoff(ctx, n1, n2) -> tuple[str, ...]:
     """Tensors nest ``n1`` writes and nest ``n2`` reads, in ``n1``'s order."""
     read2 = set(_nest_tensors(ctx, n2, False))
@@ -956,6 +967,7 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     "used_outside": (3, _used_outside),
     "sliced_by": (3, _sliced_by),
     "threads_agree": (2, _threads_agree),
+    "grid_is_prefix": (1, _grid_is_prefix),
     "reads_elsewhere": (2, _reads_elsewhere),
     "reads_only_dtype": (2, _reads_only_dtype),
 }

@@ -82,9 +82,9 @@ MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusio
 MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
                    ("operator_fusion", "loop_binding", "operator_fusion"),
                    ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"),
-                   ("compute_inline_indexed", "thread_block_rebinding", "loop_binding", "reduction_thread_binding",
-                    "epilogue_fusion", "operator_fusion", "block_fusion"),
-                   ("loop_split", "thread_block_rebinding", "loop_binding", "reduction_thread_binding",
+                   ("compute_inline_indexed", "thread_block_rebinding", "loop_binding/grid",
+                    "reduction_thread_binding", "epilogue_fusion", "operator_fusion", "block_fusion"),
+                   ("loop_split", "thread_block_rebinding", "loop_binding/grid", "reduction_thread_binding",
                     "epilogue_fusion", "operator_fusion", "block_fusion"))
 
 #: Two-step proposals: a step of the key rule followed by a step of one of its follow-ups,
@@ -247,27 +247,38 @@ def _proposals(rules, node: Node, root: LeirModule, cfg: RoundConfig, rng: rando
             yield from _chains(rule, [by_id[f] for f in CHAINS[rule.id] if f in by_id], cands, cur, node, root, cfg,
                                rng)
     for seq in MACRO_SEQUENCES:
-        if not all(r in by_id for r in seq):
-            continue
-        mod, steps = cur, list(node.steps)
-        for k, rid in enumerate(seq):
-            n = len(steps)
-            mod, steps = _macro(by_id[rid], mod, steps, root, cfg, rng, canonical=True)
-            if k == 0 and rid in CANONICAL_FILTERS and len(steps) == n:
-                break  # nothing the filter accepts: the rest is the sequence without this rule
-        else:
-            if len(steps) > len(node.steps) + 1:
-                yield mod, steps, True
+        got = run_sequence(seq, by_id, cur, list(node.steps), root, cfg, rng)
+        if got is not None and len(got[1]) > len(node.steps) + 1:
+            yield got[0], got[1], True
+
+
+def run_sequence(seq, by_id: dict, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfig,
+                 rng: random.Random) -> tuple[LeirModule, list] | None:
+    """One macro sequence of :data:`MACRO_SEQUENCES` from ``mod``: each step name's rule
+    (``by_id``: rule id -> rule; a name ``rule/filter`` uses that rule with the canonical
+    filter :data:`CANONICAL_FILTERS` names) applied canonically at every site in turn
+    (:func:`_macro`). Returns the last module and ``steps`` extended by the verified steps, or
+    ``None`` when a rule is missing or a filtered first step finds nothing (the rest would be
+    the sequence without it)."""
+    if not all(name.split("/")[0] in by_id for name in seq):
+        return None
+    for k, name in enumerate(seq):
+        n = len(steps)
+        mod, steps = _macro(by_id[name.split("/")[0]], mod, steps, root, cfg, rng, canonical=True,
+                            accept=CANONICAL_FILTERS.get(name))
+        if k == 0 and name in CANONICAL_FILTERS and len(steps) == n:
+            return None
+    return mod, steps
 
 
 def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfig, rng: random.Random,
-           canonical: bool = False) -> tuple[LeirModule, list]:
+           canonical: bool = False, accept=None) -> tuple[LeirModule, list]:
     """``rule`` applied at every site of ``mod`` in turn (at most ``cfg.macro_steps`` steps),
     each step verified against ``root`` (the macro stops at the first that does not verify or
     when nothing matches): a random site and parameters each time (seeded by ``rng``), or with
     ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
-    the first allowed parameter; for a rule of :data:`CANONICAL_FILTERS` the first its filter
-    accepts) whose rewrite passes the GPU preflight (a site whose result
+    the first allowed parameter; with ``accept``, a filter of :data:`CANONICAL_FILTERS`, the
+    first it accepts) whose rewrite passes the GPU preflight (a site whose result
     the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns
     the last module and ``steps`` extended by the trajectory records."""
     from ..engine import apply_rule, list_candidates  # noqa: PLC0415
@@ -278,8 +289,8 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
         try:
             if canonical:
                 cands = list_candidates(rule, mod)
-                if rule.id in CANONICAL_FILTERS:
-                    cands = [c for c in cands if CANONICAL_FILTERS[rule.id](mod.program, *c)]
+                if accept is not None:
+                    cands = [c for c in cands if accept(mod.program, *c)]
                 for site, params in cands:
                     try:
                         step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
@@ -301,25 +312,46 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg: RoundConfi
 
 
 def _split_matches_previous(prog, site, params) -> bool:
-    """The canonical ``loop_split``: a split of serial loop ``p`` of a top-level nest by ``f``
-    that makes the nest's loops up to ``p+1`` have the previous nest's extents (the loops before
-    ``p`` already do; the previous nest's loops ``p``, ``p+1`` are ``n/f``, ``f``). A GroupNorm's
-    element-wise nest over 272 channels after its group reductions over 17 x 16 then binds like
-    them, so ``block_fusion`` can join them (one block shape per kernel)."""
+    """The canonical ``loop_split``: a split of serial or bound loop ``p`` of a top-level nest
+    by ``f`` that makes the nest's loops up to ``p+1`` have the previous nest's extents (the
+    loops before ``p`` already do; the previous nest's loops ``p``, ``p+1`` are ``n/f``, ``f``).
+    A GroupNorm's element-wise nest over 272 channels after its group reductions over 17 x 16
+    then binds like them, so ``block_fusion`` can join them (one block shape per kernel); its
+    reads of the group statistics at ``c//16`` become plain block indices (the split simplifies
+    subscripts)."""
     if site.nest is None or len(site.nest) != 1 or site.loop is None or site.nest[0] == 0:
         return False
     k, p, f = site.nest[0], site.loop, params.get("f")
     cur, prev = prog.nests[k].loops, prog.nests[k - 1].loops
-    if not isinstance(f, int) or cur[p].kind != "L" or p + 1 >= len(prev):
+    if not isinstance(f, int) or cur[p].kind not in ("L", "B") or p + 1 >= len(prev):
         return False
     return ([lp.extent for lp in cur[:p]] == [lp.extent for lp in prev[:p]]
             and prev[p].extent * prev[p + 1].extent == cur[p].extent and prev[p + 1].extent == f)
 
 
-#: Rules whose canonical macro step is the first candidate a filter ``(program, site, params)
-#: -> bool`` accepts, not simply the first; a macro sequence starting with one of them that
-#: takes no step is skipped (it would repeat the sequence without it).
-CANONICAL_FILTERS = {"loop_split": _split_matches_previous}
+def _block_axes_outermost(prog, site, params) -> bool:
+    """The canonical ``loop_binding`` of the row sequences: a block axis only for a loop all of
+    whose enclosing loops in the kernel are block-bound (blocks outermost, then threads, then
+    serial loops, as TVM's dlight schedules bind). A GroupNorm's normalisation pass over 66 x 6
+    x 6 x 6 elements per group then keeps its last loops serial in each of the group's threads
+    instead of binding them to blockIdx.y/z, so ``block_fusion`` can join it to the group's
+    reductions (one grid per kernel)."""
+    ax = params.get("ax")
+    if not isinstance(ax, str) or not ax.startswith("b") or site.nest is None or site.loop is None:
+        return True
+    nest, above = prog.nests[site.nest[0]], []
+    for i in site.nest[1:]:
+        above += nest.loops
+        nest = nest.body[i]
+    above += nest.loops[:site.loop]
+    return all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
+
+
+#: Step names of :data:`MACRO_SEQUENCES` whose canonical macro step is the first candidate a
+#: filter ``(program, site, params) -> bool`` accepts, not simply the first; the rule is the
+#: name's part before a ``/``. A macro sequence starting with one of them that takes no step
+#: is skipped (it would repeat the sequence without it).
+CANONICAL_FILTERS = {"loop_split": _split_matches_previous, "loop_binding/grid": _block_axes_outermost}
 
 
 def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, cfg: RoundConfig,
@@ -942,5 +974,5 @@ def search_rounds(programs: list[dict], out: str | Path, cfg: RoundConfig, rules
         _save(out, state)
 
 
-__all__ = ["ROUND_ALGORITHMS", "MACRO_RULES", "MACRO_SEQUENCES", "RoundConfig", "RoundsError", "Node", "search_rounds",
+__all__ = ["ROUND_ALGORITHMS", "MACRO_RULES", "MACRO_SEQUENCES", "CANONICAL_FILTERS", "run_sequence", "RoundConfig", "RoundsError", "Node", "search_rounds",
            "report_md", "SHIPPED_SAMPLES", "export_samples", "shipped_rows", "learned_model", "ranking_quality"]
