@@ -249,3 +249,32 @@ def test_a_split_of_a_bound_loop_simplifies_the_group_reads_and_the_grid_filter_
     plain = tuple("loop_binding" if s == "loop_binding/grid" else s for s in split)
     mod, _ = _run_sequence(plain, root)
     assert len(mod.program.nests) > 1 and "_{bya=0}" in mod.text(), mod.text()
+
+
+def test_a_softmax_over_channels_becomes_one_kernel_with_the_spatial_positions_as_the_grid():
+    """The translator's softmax over the channel axis of (batch, channel, h, w): the max and sum
+    nests run batch, h, w, then the channel reduction; the normalisation batch, channel, h, w.
+    The last rows variant moves that nest's channel loop inward (loop_reorder/match: one move,
+    to the reductions' order), binds batch, h, w to blocks and the channels to threads
+    (loop_binding/rows, reduction_thread_binding: cross-thread all-reduces) and joins the three
+    nests: one kernel, grid 2 x 3 x 4, 5 threads, verified, preflight clean. The row sequence
+    without the reorder keeps more than one kernel."""
+    root = parse_leir(
+        "% program: softmax_c\n% input A: f32[2,5,3,4]\n% output K: f32[2,5,3,4]\n"
+        "B^{2}_{tx=0}L^{3}_{a=0}L^{4}_{c=0}L^{5}_{d=0}[I^{f32,g}_{tx,a,c}=max(I^{f32,g}_{tx,a,c},A^{f32,g}_{tx,d,a,c});];\n"
+        "B^{2}_{tx=0}L^{3}_{a=0}L^{4}_{c=0}L^{5}_{d=0}[J^{f32,g}_{tx,a,c}=J^{f32,g}_{tx,a,c}"
+        "+exp(A^{f32,g}_{tx,d,a,c}-I^{f32,g}_{tx,a,c});];\n"
+        "B^{2}_{tx=0}L^{5}_{a=0}L^{3}_{c=0}L^{4}_{d=0}[K^{f32,g}_{tx,a,c,d}=exp(A^{f32,g}_{tx,a,c,d}"
+        "-I^{f32,g}_{tx,c,d})/J^{f32,g}_{tx,c,d};];\n")
+    seq = next(s for s in R.MACRO_SEQUENCES if s[0] == "loop_reorder/match")
+    assert "loop_binding/rows" in seq
+    mod, steps = _run_sequence(seq, root)
+    assert steps[0]["rule"] == "loop_reorder" and steps[0]["params"] == {"order": [0, 2, 3, 1]}, steps[0]
+    assert len(mod.program.nests) == 1, mod.text()
+    loops = mod.program.nests[0].loops
+    assert [(lp.var[:2], lp.extent) for lp in loops] == [("bx", 2), ("by", 3), ("bz", 4)], mod.text()
+    assert "B^{5}_{txa=0}" in mod.text() and "^{f32,s}" in mod.text()
+    assert gpu_preflight_problems(mod) == [] and verify_pair(root, mod, seed=4).ok
+    grid = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and "loop_binding/grid" in s)
+    mod, _ = _run_sequence(grid, root)
+    assert len(mod.program.nests) > 1, mod.text()

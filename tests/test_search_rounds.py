@@ -271,3 +271,21 @@ def test_a_long_serial_reduction_is_split_over_threads_by_an_rfactor_chain():
         assert len(nests) == 2 and sum(lp.kind == "B" for lp in nests[0].loops) == 2, text  # partials bound
         assert verify_pair(parse_leir(root), parse_leir(text), seed=0).ok
     assert max(static_scores(parse_leir(root).program, [parse_leir(t).program for t, _ in pairs], "cuda")) > 0.5
+
+
+def test_the_level_expansion_keeps_one_program_per_family_of_rules():
+    """Within a level the expansion takes the best of each distinct *set* of rules first: two
+    variants of one macro sequence (the same rules in another order) count once, so with
+    ``expand`` 2 a program of another family still gets expanded (on Conv2d_ReLU_MaxPool_
+    Flatten_Gemm the split-K chain grows from such a program); the pack screening keeps
+    distinct sequences apart."""
+    from steptp.search.rounds import _diverse
+
+    def st(*rules):
+        return [{"rule": r} for r in rules]
+
+    steps = [st("loop_reorder", "loop_binding", "block_fusion"), st("loop_binding", "loop_reorder", "block_fusion"),
+             st("operator_fusion", "loop_binding"), st("loop_binding", "operator_fusion")]
+    assert _diverse([0, 1, 2, 3], steps, 2, family=True) == [0, 2]
+    assert _diverse([0, 1, 2, 3], steps, 2) == [0, 1]
+    assert _diverse([0, 1, 2, 3], steps, 4, family=True) == [0, 2, 1, 3]

@@ -92,7 +92,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
            levels: int = typer.Option(1, "--levels", min=1,
                                       help="--runner pack: tree levels expanded on this CPU per round before "
                                            "measuring (the static GPU model picks the programs expanded further)."),
-           expand: int = typer.Option(2, "--expand", min=1,
+           expand: int = typer.Option(3, "--expand", min=1,
                                       help="--runner pack with --levels > 1: programs of a level expanded at the "
                                            "next."),
            no_sim: bool = typer.Option(False, "--no-sim",

@@ -18,7 +18,7 @@ EXIT_WAITING = 3
 
 def run_pack_search(programs: list[Path], out: Path, *, algorithm: str, rounds: int, beam: int, measure: int,
                     per_rule: int, seed: int, arch: str, timeout_s: float, quiet: bool, rank: str = "cost",
-                    workers: int = 1, levels: int = 1, expand: int = 2, sim: bool = True) -> None:
+                    workers: int = 1, levels: int = 1, expand: int = 3, sim: bool = True) -> None:
     """Advance the round search in ``out``; exit 3 with the node's command while it waits for a
     round's measurements, 0 with the summary when done, 2 for bad input. See
     :mod:`steptp.search.rounds`."""

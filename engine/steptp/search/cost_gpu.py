@@ -20,9 +20,11 @@ Each top-level nest is one kernel launch (the backend's GPU form). For a kernel:
   access's traffic that first touches DRAM, ``CACHED_LATENCY`` for the rest) divided by the warps
   resident on the SM that can hide it (``min(occupancy * 64, 16)``); multiplied by the waves.
   This is what makes a reduction run serially in one thread per row slow.
-* **memory**: per access, the bytes a warp moves: coalesced (``tx`` in the last subscript:
-  one 4-byte word per lane), strided (``tx`` in another subscript: a 32-byte sector per
-  lane) or broadcast (``tx`` absent: one sector per warp); DRAM traffic is the unique
+* **memory**: per access, the bytes a warp moves, by the index of the warp's lanes (the
+  lowest thread axis the kernel binds, ``tx``, else ``ty``, else ``tz``: CUDA numbers a
+  block's threads x fastest): coalesced (the lane index in the last subscript: one 4-byte
+  word per lane), strided (in another subscript: a 32-byte sector per lane) or broadcast
+  (absent: one sector per warp); DRAM traffic is the unique
   footprint (product of the extents of the loops the subscript uses, times the dtype size,
   capped at what the warp traffic moves) at ``DRAM_GBS``; the rest of the warp traffic is
   served by L2 at ``L2_GBS``; shared (``s``) accesses at ``SHARED_GBS``, local (``l``) free.
@@ -152,10 +154,13 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
     occupancy = active_warps / tgt.warps_per_sm
     issue_cycles = latency_cycles = 0.0
     dram = l2 = shared = 0.0
+    # a warp's lanes run along the lowest thread axis the kernel binds (x, else y, else z)
+    axes = {lp.var[:2] for lp in _all_loops(nest) if lp.kind == "B" and lp.var.startswith("t")}
+    lane_axis = next((a for a in ("tx", "ty", "tz") if a in axes), None)
     for loops, eq in _equations(nest):
-        # the warp's lanes: the equation's threadIdx.x loop (an inner phase of a block-fused
-        # kernel has its own)
-        lane = next((lp.var for lp in loops if lp.kind == "B" and lp.var.startswith("tx")), None)
+        # the equation's own loop on that axis (an inner phase of a block-fused kernel has its
+        # own; a phase outside it is a broadcast)
+        lane = next((lp.var for lp in loops if lp.kind == "B" and lane_axis and lp.var.startswith(lane_axis)), None)
         serial = math.prod(lp.extent for lp in loops if lp.kind != "B")
         accs = list(_accesses(eq))
         ops = _ops(eq.value)
@@ -184,6 +189,13 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
     memory_ns = dram / tgt.dram_gbs + l2 / tgt.l2_gbs + shared / tgt.shared_gbs
     return KernelEstimate(threads, blocks, waves, occupancy, issue_cycles / tgt.freq_ghz,
                           latency_cycles / tgt.freq_ghz, memory_ns, _host_launches(nest))
+
+
+def _all_loops(nest: A.Nest):
+    yield from nest.loops
+    for item in nest.body:
+        if isinstance(item, A.Nest):
+            yield from _all_loops(item)
 
 
 def _host_launches(nest: A.Nest) -> int:

@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..leir import ast as A
 from ..leir.fileformat import LeirModule, parse_leir
 
 #: Algorithms that work in rounds (a level of the tree per round).
@@ -78,14 +79,24 @@ MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusio
 #: inlining padding-like producers into their readers (``compute_inline_indexed``: a padded
 #: convolution's pad kernel). Its variant starts with the canonical ``loop_split``
 #: (:func:`_split_matches_previous`): a nest's loop split to the previous nest's extents (a
-#: GroupNorm's channels as groups x channels per group), so the two bind alike.
+#: GroupNorm's channels as groups x channels per group), so the two bind alike. The row
+#: sequences bind blocks outermost (``loop_binding/grid``: a block axis only directly below
+#: block loops). The rows variants make every spatial loop below the row loop a block axis
+#: while one is free, the rest threads (``loop_binding/rows``): a reduction over a middle axis
+#: (softmax over channels) gets its spatial positions as the grid and its channels as
+#: threads; their last variant first moves each element-wise nest's reduced axis inward to
+#: the reductions' loop order (``loop_reorder/match``).
 MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
                    ("operator_fusion", "loop_binding", "operator_fusion"),
                    ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"),
                    ("compute_inline_indexed", "thread_block_rebinding", "loop_binding/grid",
                     "reduction_thread_binding", "epilogue_fusion", "operator_fusion", "block_fusion"),
                    ("loop_split", "thread_block_rebinding", "loop_binding/grid", "reduction_thread_binding",
-                    "epilogue_fusion", "operator_fusion", "block_fusion"))
+                    "epilogue_fusion", "operator_fusion", "block_fusion"),
+                   ("compute_inline_indexed", "thread_block_rebinding", "loop_binding/rows", "reduction_thread_binding",
+                    "epilogue_fusion", "operator_fusion", "block_fusion"),
+                   ("loop_reorder/match", "compute_inline_indexed", "thread_block_rebinding", "loop_binding/rows",
+                    "reduction_thread_binding", "epilogue_fusion", "operator_fusion", "block_fusion"))
 
 #: Two-step proposals: a step of the key rule followed by a step of one of its follow-ups,
 #: when the first alone is a slowdown that enables the second (``thread_block_rebinding``
@@ -131,7 +142,7 @@ class RoundConfig:
     macro_steps: int = 48
     rank: str = "cost"
     levels: int = 1
-    expand: int = 2
+    expand: int = 3
 
     @property
     def width(self) -> int:
@@ -329,6 +340,68 @@ def _split_matches_previous(prog, site, params) -> bool:
             and prev[p].extent * prev[p + 1].extent == cur[p].extent and prev[p + 1].extent == f)
 
 
+def _reorder_matches_neighbour(prog, site, params) -> bool:
+    """The canonical ``loop_reorder``: one serial loop of a top-level nest moved inward so that
+    the nest's loop extents and a neighbouring nest's (the previous or the next) agree, the
+    shorter list a prefix of the longer, where they did not before. A softmax over channels
+    (the translator's element-wise nests run batch, channel, h, w; its max and sum nests batch,
+    h, w, then the channel reduction) then has every nest over batch, h, w first, so rows to
+    blocks and ``block_fusion`` join them."""
+    order = params.get("order")
+    if site.nest is None or len(site.nest) != 1 or not isinstance(order, (list, tuple)):
+        return False
+    k, loops = site.nest[0], prog.nests[site.nest[0]].loops
+    n = len(order)
+    moves = [(i, j) for i in range(n) for j in range(i + 1, n)
+             if list(order) == [*range(i), *range(i + 1, j + 1), i, *range(j + 1, n)]]
+    if len(moves) != 1 or loops[moves[0][0]].kind != "L":
+        return False
+
+    def agrees(a, b):
+        m = min(len(a), len(b))
+        return a[:m] == b[:m]
+
+    before = [lp.extent for lp in loops]
+    after = [loops[o].extent for o in order]
+    for nb in (k - 1, k + 1):
+        if 0 <= nb < len(prog.nests):
+            ext = [lp.extent for lp in prog.nests[nb].loops]
+            if agrees(after, ext) and not agrees(before, ext):
+                return True
+    return False
+
+
+def _enclosing(prog, site):
+    """The loops of the kernel above loop ``site.loop`` of nest ``site.nest``, outermost first,
+    and every loop of that kernel."""
+    nest, above = prog.nests[site.nest[0]], []
+    for i in site.nest[1:]:
+        above += nest.loops
+        nest = nest.body[i]
+    above += nest.loops[:site.loop]
+
+    def every(n):
+        yield from n.loops
+        for x in n.body:
+            if isinstance(x, A.Nest):
+                yield from every(x)
+    return above, list(every(prog.nests[site.nest[0]]))
+
+
+def _rows_to_blocks(prog, site, params) -> bool:
+    """The canonical ``loop_binding`` of the rows sequence: a loop below block-bound loops only
+    takes a block axis while one is free (the spatial loops of a row, e.g. a softmax over
+    channels' batch, h and w, become the grid), any other loop a thread axis (the channel loop
+    of its element-wise pass; its reductions go to threads by ``reduction_thread_binding``)."""
+    ax = params.get("ax")
+    if not isinstance(ax, str) or site.nest is None or site.loop is None:
+        return True
+    above, every = _enclosing(prog, site)
+    under_blocks = all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
+    free = {"bx", "by", "bz"} - {lp.var[:2] for lp in every if lp.kind == "B"}
+    return ax.startswith("b") == (under_blocks and bool(free))
+
+
 def _block_axes_outermost(prog, site, params) -> bool:
     """The canonical ``loop_binding`` of the row sequences: a block axis only for a loop all of
     whose enclosing loops in the kernel are block-bound (blocks outermost, then threads, then
@@ -339,11 +412,7 @@ def _block_axes_outermost(prog, site, params) -> bool:
     ax = params.get("ax")
     if not isinstance(ax, str) or not ax.startswith("b") or site.nest is None or site.loop is None:
         return True
-    nest, above = prog.nests[site.nest[0]], []
-    for i in site.nest[1:]:
-        above += nest.loops
-        nest = nest.body[i]
-    above += nest.loops[:site.loop]
+    above, _ = _enclosing(prog, site)
     return all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
 
 
@@ -351,7 +420,8 @@ def _block_axes_outermost(prog, site, params) -> bool:
 #: filter ``(program, site, params) -> bool`` accepts, not simply the first; the rule is the
 #: name's part before a ``/``. A macro sequence starting with one of them that takes no step
 #: is skipped (it would repeat the sequence without it).
-CANONICAL_FILTERS = {"loop_split": _split_matches_previous, "loop_binding/grid": _block_axes_outermost}
+CANONICAL_FILTERS = {"loop_split": _split_matches_previous, "loop_reorder/match": _reorder_matches_neighbour,
+                     "loop_binding/grid": _block_axes_outermost, "loop_binding/rows": _rows_to_blocks}
 
 
 def _chains(rule, follow, cands, cur: LeirModule, node: Node, root: LeirModule, cfg: RoundConfig,
@@ -541,18 +611,21 @@ def verified_candidates(name: str, prog: dict, cfg: RoundConfig, round_no: int, 
                 singles += 1
             found.append((module.text(), steps, pred[i]))
         out.extend((t, st) for t, st, _ in found)
-        pick = _diverse(list(range(len(found))), [st for _, st, _ in found], max(1, cfg.expand))
+        pick = _diverse(list(range(len(found))), [st for _, st, _ in found], max(1, cfg.expand), family=True)
         level = [Node(found[i][0], found[i][1]) for i in pick]
     return out, new_keys
 
 
-def _diverse(order: list[int], steps: list[list], n: int) -> list[int]:
+def _diverse(order: list[int], steps: list[list], n: int, family: bool = False) -> list[int]:
     """The first ``n`` of ``order`` (indices, best first), taking first the best of each
     distinct sequence of rules in ``steps`` (candidates that differ only in a parameter,
-    e.g. the bound axis, are mostly the same program to a GPU), then the rest in order."""
+    e.g. the bound axis, are mostly the same program to a GPU), then the rest in order. With
+    ``family`` the best of each distinct *set* of rules first (the level expansion: macro
+    sequences that differ in their order or their canonical filters, e.g. the row sequences'
+    variants, are one family, so a narrow expansion also keeps a program of another one)."""
     first, rest, kinds = [], [], set()
     for i in order:
-        kind = tuple(s["rule"] for s in steps[i])
+        kind = frozenset(s["rule"] for s in steps[i]) if family else tuple(s["rule"] for s in steps[i])
         (rest if kind in kinds else first).append(i)
         kinds.add(kind)
     return (first + rest)[:n]
