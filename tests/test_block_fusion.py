@@ -23,6 +23,7 @@ from steptp.engine import apply_rule, list_candidates
 from steptp.engine.apply import PreflightRejected, gpu_preflight_problems
 from steptp.leir import parse_leir
 from steptp.rules import load_rules
+from steptp.search import proposals as P
 from steptp.search import rounds as R
 from steptp.verify import verify_pair
 
@@ -115,7 +116,7 @@ def test_the_row_sequence_fuses_a_layernorm_into_one_kernel():
             "B^{6}_{tx=0}L^{40}_{a=0}[F^{f32,g}_{tx,a}=(A^{f32,g}_{tx,a}-J^{f64,g}_{tx}/40.0)"
             "/sqrt(K^{f64,g}_{tx}/40.0+1e-05)*D^{f32,g}_{a}+E^{f32,g}_{a};];\n")
     root = parse_leir(text)
-    seq = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion")
+    seq = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion")
     mod, steps = _run_sequence(seq, root)
     assert len(mod.program.nests) == 1, mod.text()
     assert [s["rule"] for s in steps].count("block_fusion") == 2
@@ -141,7 +142,7 @@ def test_block_fused_softmax_runs_equal_on_the_simulated_device(tmp_path):
 
 
 def _run_sequence(seq, root):
-    return R.run_sequence(seq, RULES, root, [], root, R.RoundConfig(), random.Random(0))
+    return P.run_sequence(seq, RULES, root, [], root, R.RoundConfig(), random.Random(0))
 
 
 def test_a_split_to_the_previous_nests_extents_lets_a_group_norm_fuse():
@@ -152,8 +153,8 @@ def test_a_split_to_the_previous_nests_extents_lets_a_group_norm_fuse():
     root = parse_leir("% program: groupnorm\n% input A: f32[3,8]\n% output H: f32[3,8]\n"
                       "B^{3}_{tx=0}L^{2}_{a=0}L^{4}_{c=0}[N^{f32,g}_{tx,a}=N^{f32,g}_{tx,a}+A^{f32,g}_{tx,a*4+c};];\n"
                       "B^{3}_{tx=0}L^{8}_{a=0}[H^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}-N^{f32,g}_{tx,a//4}/4.0;];\n")
-    plain = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] != "loop_split")
-    split = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
+    plain = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] != "loop_split")
+    split = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
     mod, _ = _run_sequence(plain, root)
     assert len(mod.program.nests) == 2, mod.text()
     mod, steps = _run_sequence(split, root)
@@ -171,7 +172,7 @@ def test_the_row_sequence_inlines_a_padding_nest_and_the_result_runs_on_the_simu
             "B^{5}_{tx=0}L^{12}_{a=0}L^{3}_{c=0}L^{3}_{d=0}[C^{f32,g}_{0,tx,a}=C^{f32,g}_{0,tx,a}"
             "+D^{f32,g}_{0,c,a+d}*W^{f32,g}_{tx,c,d};];\n")
     root = parse_leir(text)
-    seq = next(s for s in R.MACRO_SEQUENCES if s[0] == "compute_inline_indexed")
+    seq = next(s for s in P.MACRO_SEQUENCES if s[0] == "compute_inline_indexed")
     mod, steps = _run_sequence(seq, root)
     assert steps[0]["rule"] == "compute_inline_indexed" and len(mod.program.nests) == 1, mod.text()
     assert "if_then_else(" in mod.text() and "D^{" not in mod.text()   # the pad is computed where read
@@ -239,7 +240,7 @@ def test_a_split_of_a_bound_loop_simplifies_the_group_reads_and_the_grid_filter_
         "+(A^{f32,g}_{tx*4+a,c,d,f}-I^{f64,g}_{tx}/120.0)*(A^{f32,g}_{tx*4+a,c,d,f}-I^{f64,g}_{tx}/120.0);];\n"
         "B^{8}_{tx=0}L^{3}_{a=0}L^{5}_{c=0}L^{2}_{d=0}[K^{f32,g}_{tx,a,c,d}=(A^{f32,g}_{tx,a,c,d}"
         "-I^{f64,g}_{tx//4}/120.0)/sqrt(J^{f64,g}_{tx//4}/120.0+1e-05);];\n")
-    split = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
+    split = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
     assert "loop_binding/grid" in split
     mod, steps = _run_sequence(split, root)
     assert steps[0]["rule"] == "loop_split" and steps[0]["params"] == {"f": 4}
@@ -261,12 +262,13 @@ def test_a_softmax_over_channels_becomes_one_kernel_with_the_spatial_positions_a
     without the reorder keeps more than one kernel."""
     root = parse_leir(
         "% program: softmax_c\n% input A: f32[2,5,3,4]\n% output K: f32[2,5,3,4]\n"
-        "B^{2}_{tx=0}L^{3}_{a=0}L^{4}_{c=0}L^{5}_{d=0}[I^{f32,g}_{tx,a,c}=max(I^{f32,g}_{tx,a,c},A^{f32,g}_{tx,d,a,c});];\n"
+        "B^{2}_{tx=0}L^{3}_{a=0}L^{4}_{c=0}L^{5}_{d=0}[I^{f32,g}_{tx,a,c}=max(I^{f32,g}_{tx,a,c},"
+        "A^{f32,g}_{tx,d,a,c});];\n"
         "B^{2}_{tx=0}L^{3}_{a=0}L^{4}_{c=0}L^{5}_{d=0}[J^{f32,g}_{tx,a,c}=J^{f32,g}_{tx,a,c}"
         "+exp(A^{f32,g}_{tx,d,a,c}-I^{f32,g}_{tx,a,c});];\n"
         "B^{2}_{tx=0}L^{5}_{a=0}L^{3}_{c=0}L^{4}_{d=0}[K^{f32,g}_{tx,a,c,d}=exp(A^{f32,g}_{tx,a,c,d}"
         "-I^{f32,g}_{tx,c,d})/J^{f32,g}_{tx,c,d};];\n")
-    seq = next(s for s in R.MACRO_SEQUENCES if s[0] == "loop_reorder/match")
+    seq = next(s for s in P.MACRO_SEQUENCES if s[0] == "loop_reorder/match")
     assert "loop_binding/rows" in seq
     mod, steps = _run_sequence(seq, root)
     assert steps[0]["rule"] == "loop_reorder" and steps[0]["params"] == {"order": [0, 2, 3, 1]}, steps[0]
@@ -275,6 +277,6 @@ def test_a_softmax_over_channels_becomes_one_kernel_with_the_spatial_positions_a
     assert [(lp.var[:2], lp.extent) for lp in loops] == [("bx", 2), ("by", 3), ("bz", 4)], mod.text()
     assert "B^{5}_{txa=0}" in mod.text() and "^{f32,s}" in mod.text()
     assert gpu_preflight_problems(mod) == [] and verify_pair(root, mod, seed=4).ok
-    grid = next(s for s in R.MACRO_SEQUENCES if s[-1] == "block_fusion" and "loop_binding/grid" in s)
+    grid = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and "loop_binding/grid" in s)
     mod, _ = _run_sequence(grid, root)
     assert len(mod.program.nests) > 1, mod.text()

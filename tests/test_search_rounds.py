@@ -213,7 +213,8 @@ def test_macro_sequences_bind_fuse_and_join_the_bias_of_a_linear_layer_in_one_ke
     is two kernels; the canonical sequence "bind every nest, fuse, epilogue fusion" makes it one
     bound kernel, every step recorded and verified (issue 37: launches dominate at microseconds)."""
     from steptp.leir import parse_leir
-    from steptp.search.rounds import MACRO_SEQUENCES, RoundConfig, verified_candidates
+    from steptp.search.proposals import MACRO_SEQUENCES
+    from steptp.search.rounds import RoundConfig, verified_candidates
     from steptp.verify import verify_pair
 
     root = ("% program: linear\n% input A: f32[8,16]\n% param C: f32[96,16]\n% param D: f32[96]\n"
@@ -255,7 +256,8 @@ def test_a_long_serial_reduction_is_split_over_threads_by_an_rfactor_chain():
     rfactor changed) spreads the reduction (split-K). Proposed as two verified steps."""
     from steptp.leir import parse_leir
     from steptp.search.cost import static_scores
-    from steptp.search.rounds import CHAINS, RoundConfig, verified_candidates
+    from steptp.search.proposals import CHAINS
+    from steptp.search.rounds import RoundConfig, verified_candidates
     from steptp.verify import verify_pair
 
     assert CHAINS["reduction_factorization"] == ("loop_binding",)

@@ -609,16 +609,9 @@ def _kernel(ctx, n) -> A.Nest:
     return get_item(ctx.module.program, n.path[:1])
 
 
-def _all_loops(nest: A.Nest):
-    yield from nest.loops
-    for item in nest.body:
-        if isinstance(item, A.Nest):
-            yield from _all_loops(item)
-
-
 def _bound_axes(ctx, n) -> tuple[str, ...]:
     out: dict[str, None] = {}
-    for l in _all_loops(_kernel(ctx, n)):
+    for l in _kernel(ctx, n).all_loops():
         if l.kind == "B":
             out.setdefault(_axis(l), None)
     return tuple(out)
@@ -627,7 +620,7 @@ def _bound_axes(ctx, n) -> tuple[str, ...]:
 def _thread_extents(nest: A.Nest) -> dict[str, int]:
     """Thread axis (``tx``, ``ty``, ``tz``) -> the largest extent a loop of ``nest`` binds it to."""
     out: dict[str, int] = {}
-    for l in _all_loops(nest):
+    for l in nest.all_loops():
         if l.kind == "B" and l.var.startswith("t"):
             out[l.var[:2]] = max(out.get(l.var[:2], 1), l.extent)
     return out
@@ -682,7 +675,7 @@ def _grid_is_prefix(ctx, n) -> bool:
     outside ``blockIdx.y`` runs in every ``blockIdx.y`` block)."""
     nest = _nest("grid_is_prefix", ctx, n)
     prefix = len(_block_prefix(ctx, nest.loops))
-    return sum(1 for l in _all_loops(nest) if l.kind == "B" and l.var.startswith("b")) == prefix
+    return sum(1 for l in nest.all_loops() if l.kind == "B" and l.var.startswith("b")) == prefix
 
 
 def _handoff(ctx, n1, n2) -> tuple[str, ...]:

@@ -222,6 +222,14 @@ class Nest:
                 for loops, eq in item.equations():
                     yield self.loops + loops, eq
 
+    def all_loops(self) -> Iterator[Loop]:
+        """Yield every loop of the nest and of its inner nests, in program order (a kernel's
+        launch axes are the ``B`` loops among them)."""
+        yield from self.loops
+        for item in self.body:
+            if isinstance(item, Nest):
+                yield from item.all_loops()
+
 
 @_hash_once
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
     issue_cycles = latency_cycles = 0.0
     dram = l2 = shared = 0.0
     # a warp's lanes run along the lowest thread axis the kernel binds (x, else y, else z)
-    axes = {lp.var[:2] for lp in _all_loops(nest) if lp.kind == "B" and lp.var.startswith("t")}
+    axes = {lp.var[:2] for lp in nest.all_loops() if lp.kind == "B" and lp.var.startswith("t")}
     lane_axis = next((a for a in ("tx", "ty", "tz") if a in axes), None)
     for loops, eq in _equations(nest):
         # the equation's own loop on that axis (an inner phase of a block-fused kernel has its
@@ -191,22 +191,12 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
                           latency_cycles / tgt.freq_ghz, memory_ns, _host_launches(nest))
 
 
-def _all_loops(nest: A.Nest):
-    yield from nest.loops
-    for item in nest.body:
-        if isinstance(item, A.Nest):
-            yield from _all_loops(item)
-
-
 def _host_launches(nest: A.Nest) -> int:
     """Launches of a top-level nest: the product of the extents of the loops before its first
     ``B`` loop when it has one (the backend runs them on the host, one launch per iteration;
     on an H200 a ``loop_reorder`` that put a 35-iteration reduction loop outside the bound
     loop ran 26x slower), else 1."""
-    def has_b(n: A.Nest) -> bool:
-        return any(lp.kind == "B" for lp in n.loops) or any(isinstance(x, A.Nest) and has_b(x) for x in n.body)
-
-    if not has_b(nest):
+    if not any(lp.kind == "B" for lp in nest.all_loops()):
         return 1
     host = 1
     for lp in nest.loops:

@@ -1,0 +1,323 @@
+"""Proposals of the round search (:mod:`steptp.search.rounds`): from one frontier program,
+single rule steps, *macro* proposals (a rule at every site in turn), *macro sequences* (rules
+in turn, each at every site, canonically) and *chains* (a step and the step it enables), every
+multi-step proposal recorded as its individual verified steps (the trajectory stays
+step-level; issue 37's "reach"). Search-algorithm code: no TVM, no HTTP (verification goes
+through :func:`steptp.verify.verify_pair`, the rules through :mod:`steptp.engine`). ``cfg``
+is the search's :class:`steptp.search.rounds.RoundConfig`, ``node`` a frontier
+:class:`steptp.search.rounds.Node` (this module does not import them: rounds imports it)."""
+
+from __future__ import annotations
+
+import random
+
+from ..leir.fileformat import LeirModule, parse_leir
+
+#: Rules proposed as "apply at every site" macros besides their single steps.
+MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusion")
+
+
+#: Macro sequences: each rule applied at every site in turn, then the next rule, all canonically
+#: (the first site and the first parameter each time, :func:`_macro`), recorded as their
+#: verified single steps. Canonical binding gives every nest of one shape the same axes, so
+#: nests stay identical and fusion remains possible after binding: ``loop_binding`` on every
+#: nest then ``operator_fusion`` is the greedy chain of issue 37 (a 29x median over 33
+#: KernelBench-style programs on an H200);
+#: fusing first leaves fewer, larger kernels to bind (each launch costs microseconds);
+#: ``epilogue_fusion`` then moves the fused element-wise tail of a GEMM or convolution into it.
+#: The row-wise sequence (the translator's outer row loop of every nest to blocks, the next
+#: spatial loops to threads, reductions to cross-thread all-reduces, then fusion and
+#: ``block_fusion`` from the last kernel back) makes a softmax, LayerNorm or GroupNorm chain
+#: one kernel per row block, as TVM's dlight ``GeneralReduction`` schedules them. Its
+#: epilogue step comes before operator fusion, which would otherwise fuse a GEMM's bias add
+#: forward into the next row reduction and leave the GEMM a kernel of its own; it starts by
+#: inlining padding-like producers into their readers (``compute_inline_indexed``: a padded
+#: convolution's pad kernel). Its variant starts with the canonical ``loop_split``
+#: (:func:`_split_matches_previous`): a nest's loop split to the previous nest's extents (a
+#: GroupNorm's channels as groups x channels per group), so the two bind alike. The row
+#: sequences bind blocks outermost (``loop_binding/grid``: a block axis only directly below
+#: block loops). The rows variants make every spatial loop below the row loop a block axis
+#: while one is free, the rest threads (``loop_binding/rows``): a reduction over a middle axis
+#: (softmax over channels) gets its spatial positions as the grid and its channels as
+#: threads; their last variant first moves each element-wise nest's reduced axis inward to
+#: the reductions' loop order (``loop_reorder/match``).
+MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
+                   ("operator_fusion", "loop_binding", "operator_fusion"),
+                   ("operator_fusion", "epilogue_fusion", "loop_binding", "operator_fusion"),
+                   ("compute_inline_indexed", "thread_block_rebinding", "loop_binding/grid",
+                    "reduction_thread_binding", "epilogue_fusion", "operator_fusion", "block_fusion"),
+                   ("loop_split", "thread_block_rebinding", "loop_binding/grid", "reduction_thread_binding",
+                    "epilogue_fusion", "operator_fusion", "block_fusion"),
+                   ("compute_inline_indexed", "thread_block_rebinding", "loop_binding/rows", "reduction_thread_binding",
+                    "epilogue_fusion", "operator_fusion", "block_fusion"),
+                   ("loop_reorder/match", "compute_inline_indexed", "thread_block_rebinding", "loop_binding/rows",
+                    "reduction_thread_binding", "epilogue_fusion", "operator_fusion", "block_fusion"))
+
+#: Two-step proposals: a step of the key rule followed by a step of one of its follow-ups,
+#: when the first alone is a slowdown that enables the second (``thread_block_rebinding``
+#: moves a one-block kernel's rows to blocks, slower alone, so that ``reduction_thread_binding``
+#: can put the row reduction on the freed threads: a cross-thread all-reduce per row). Both
+#: steps are recorded and verified.
+#: ``reduction_factorization`` (rfactor) alone adds a pass; binding its partial results' new
+#: spatial loop to threads or blocks splits a long serial reduction over many threads
+#: (split-K: a GEMM's 1078-long reduction serial in one block of 55 threads). The follow-up
+#: step is taken only in the nests the first step changed.
+CHAINS = {"thread_block_rebinding": ("reduction_thread_binding",), "reduction_factorization": ("loop_binding",)}
+
+
+def _verify(root: LeirModule, cand: LeirModule, cfg) -> bool:
+    from ..runner.pool import shared  # noqa: PLC0415
+    from ..verify import verify_pair  # noqa: PLC0415
+
+    res = verify_pair(root, cand, seed=cfg.seed, timeout_s=cfg.timeout_s, runner=shared("verify", cfg.timeout_s))
+    return bool(res.ok)
+
+
+def _step(rule_id: str, step) -> dict:
+    """The trajectory record of one applied step (:class:`steptp.engine.Step`)."""
+    from ..engine.service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
+
+    return {"rule": rule_id, "site": str(step.site), "params": plain(step.params)}
+
+
+def _proposals(rules, node, root: LeirModule, cfg, rng: random.Random):
+    """``(module, steps, verified)`` candidates of one frontier node: single steps (a seeded
+    sample of ``per_rule`` per rule; ``verified`` False), macro proposals (:data:`MACRO_RULES`
+    applied at every site in turn, each step kept only when it verifies; ``verified`` True),
+    chains (:data:`CHAINS`) and macro sequences (:data:`MACRO_SEQUENCES`, canonical steps)."""
+    from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
+
+    cur = LeirModule(root.signature, parse_leir(node.text).program)
+    by_id = {r.id: r for r in rules}
+    for rule in rules:
+        try:
+            cands = list_candidates(rule, cur)
+        except NoMatch:
+            continue
+        except Exception:  # noqa: BLE001 - a rule that fails on this program proposes nothing
+            continue
+        picks = rng.sample(range(len(cands)), min(cfg.per_rule, len(cands)))
+        for i in picks:
+            site, params = cands[i]
+            try:
+                step = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
+            except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
+                continue
+            yield step.after, node.steps + [_step(rule.id, step)], False
+        if rule.id in MACRO_RULES:
+            mod, steps = _macro(rule, cur, list(node.steps), root, cfg, rng)
+            if len(steps) > len(node.steps) + 1:
+                yield mod, steps, True
+        if rule.id in CHAINS:
+            yield from _chains(rule, [by_id[f] for f in CHAINS[rule.id] if f in by_id], cands, cur, node, root, cfg,
+                               rng)
+    for seq in MACRO_SEQUENCES:
+        got = run_sequence(seq, by_id, cur, list(node.steps), root, cfg, rng)
+        if got is not None and len(got[1]) > len(node.steps) + 1:
+            yield got[0], got[1], True
+
+
+def run_sequence(seq, by_id: dict, mod: LeirModule, steps: list, root: LeirModule, cfg,
+                 rng: random.Random) -> tuple[LeirModule, list] | None:
+    """One macro sequence of :data:`MACRO_SEQUENCES` from ``mod``: each step name's rule
+    (``by_id``: rule id -> rule; a name ``rule/filter`` uses that rule with the canonical
+    filter :data:`CANONICAL_FILTERS` names) applied canonically at every site in turn
+    (:func:`_macro`). Returns the last module and ``steps`` extended by the verified steps, or
+    ``None`` when a rule is missing or a filtered first step finds nothing (the rest would be
+    the sequence without it)."""
+    if not all(name.split("/")[0] in by_id for name in seq):
+        return None
+    for k, name in enumerate(seq):
+        n = len(steps)
+        mod, steps = _macro(by_id[name.split("/")[0]], mod, steps, root, cfg, rng, canonical=True,
+                            accept=CANONICAL_FILTERS.get(name))
+        if k == 0 and name in CANONICAL_FILTERS and len(steps) == n:
+            return None
+    return mod, steps
+
+
+def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg, rng: random.Random,
+           canonical: bool = False, accept=None) -> tuple[LeirModule, list]:
+    """``rule`` applied at every site of ``mod`` in turn (at most ``cfg.macro_steps`` steps),
+    each step verified against ``root`` (the macro stops at the first that does not verify or
+    when nothing matches): a random site and parameters each time (seeded by ``rng``), or with
+    ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
+    the first allowed parameter; with ``accept``, a filter of :data:`CANONICAL_FILTERS`, the
+    first it accepts) whose rewrite passes the GPU preflight (a site whose result
+    the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns
+    the last module and ``steps`` extended by the trajectory records."""
+    from ..engine import apply_rule, list_candidates  # noqa: PLC0415
+
+    steps = list(steps)
+    for _ in range(cfg.macro_steps):
+        step = None
+        try:
+            if canonical:
+                cands = list_candidates(rule, mod)
+                if accept is not None:
+                    cands = [c for c in cands if accept(mod.program, *c)]
+                for site, params in cands:
+                    try:
+                        step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
+                        break
+                    except Exception:  # noqa: BLE001 - refused by the preflight (or the rewrite): next site
+                        continue
+            else:
+                step = apply_rule(rule, mod, seed=rng.randrange(2**31))
+        except Exception:  # noqa: BLE001 - NoMatch: every site done; preflight rejections
+            break
+        if step is None:
+            break
+        after = LeirModule(root.signature, step.after.program)
+        if not _verify(root, after, cfg):
+            break
+        mod = after
+        steps.append(_step(rule.id, step))
+    return mod, steps
+
+
+def _split_matches_previous(prog, site, params) -> bool:
+    """The canonical ``loop_split``: a split of serial or bound loop ``p`` of a top-level nest
+    by ``f`` that makes the nest's loops up to ``p+1`` have the previous nest's extents (the
+    loops before ``p`` already do; the previous nest's loops ``p``, ``p+1`` are ``n/f``, ``f``).
+    A GroupNorm's element-wise nest over 272 channels after its group reductions over 17 x 16
+    then binds like them, so ``block_fusion`` can join them (one block shape per kernel); its
+    reads of the group statistics at ``c//16`` become plain block indices (the split simplifies
+    subscripts)."""
+    if site.nest is None or len(site.nest) != 1 or site.loop is None or site.nest[0] == 0:
+        return False
+    k, p, f = site.nest[0], site.loop, params.get("f")
+    cur, prev = prog.nests[k].loops, prog.nests[k - 1].loops
+    if not isinstance(f, int) or cur[p].kind not in ("L", "B") or p + 1 >= len(prev):
+        return False
+    return ([lp.extent for lp in cur[:p]] == [lp.extent for lp in prev[:p]]
+            and prev[p].extent * prev[p + 1].extent == cur[p].extent and prev[p + 1].extent == f)
+
+
+def _reorder_matches_neighbour(prog, site, params) -> bool:
+    """The canonical ``loop_reorder``: one serial loop of a top-level nest moved inward so that
+    the nest's loop extents and a neighbouring nest's (the previous or the next) agree, the
+    shorter list a prefix of the longer, where they did not before. A softmax over channels
+    (the translator's element-wise nests run batch, channel, h, w; its max and sum nests batch,
+    h, w, then the channel reduction) then has every nest over batch, h, w first, so rows to
+    blocks and ``block_fusion`` join them."""
+    order = params.get("order")
+    if site.nest is None or len(site.nest) != 1 or not isinstance(order, (list, tuple)):
+        return False
+    k, loops = site.nest[0], prog.nests[site.nest[0]].loops
+    n = len(order)
+    moves = [(i, j) for i in range(n) for j in range(i + 1, n)
+             if list(order) == [*range(i), *range(i + 1, j + 1), i, *range(j + 1, n)]]
+    if len(moves) != 1 or loops[moves[0][0]].kind != "L":
+        return False
+
+    def agrees(a, b):
+        m = min(len(a), len(b))
+        return a[:m] == b[:m]
+
+    before = [lp.extent for lp in loops]
+    after = [loops[o].extent for o in order]
+    for nb in (k - 1, k + 1):
+        if 0 <= nb < len(prog.nests):
+            ext = [lp.extent for lp in prog.nests[nb].loops]
+            if agrees(after, ext) and not agrees(before, ext):
+                return True
+    return False
+
+
+def _enclosing(prog, site):
+    """The loops of the kernel above loop ``site.loop`` of nest ``site.nest``, outermost first,
+    and every loop of that kernel."""
+    nest, above = prog.nests[site.nest[0]], []
+    for i in site.nest[1:]:
+        above += nest.loops
+        nest = nest.body[i]
+    above += nest.loops[:site.loop]
+    return above, list(prog.nests[site.nest[0]].all_loops())
+
+
+def _rows_to_blocks(prog, site, params) -> bool:
+    """The canonical ``loop_binding`` of the rows sequence: a loop below block-bound loops only
+    takes a block axis while one is free (the spatial loops of a row, e.g. a softmax over
+    channels' batch, h and w, become the grid), any other loop a thread axis (the channel loop
+    of its element-wise pass; its reductions go to threads by ``reduction_thread_binding``)."""
+    ax = params.get("ax")
+    if not isinstance(ax, str) or site.nest is None or site.loop is None:
+        return True
+    above, every = _enclosing(prog, site)
+    under_blocks = all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
+    free = {"bx", "by", "bz"} - {lp.var[:2] for lp in every if lp.kind == "B"}
+    return ax.startswith("b") == (under_blocks and bool(free))
+
+
+def _block_axes_outermost(prog, site, params) -> bool:
+    """The canonical ``loop_binding`` of the row sequences: a block axis only for a loop all of
+    whose enclosing loops in the kernel are block-bound (blocks outermost, then threads, then
+    serial loops, as TVM's dlight schedules bind). A GroupNorm's normalisation pass over 66 x 6
+    x 6 x 6 elements per group then keeps its last loops serial in each of the group's threads
+    instead of binding them to blockIdx.y/z, so ``block_fusion`` can join it to the group's
+    reductions (one grid per kernel)."""
+    ax = params.get("ax")
+    if not isinstance(ax, str) or not ax.startswith("b") or site.nest is None or site.loop is None:
+        return True
+    above, _ = _enclosing(prog, site)
+    return all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
+
+
+#: Step names of :data:`MACRO_SEQUENCES` whose canonical macro step is the first candidate a
+#: filter ``(program, site, params) -> bool`` accepts, not simply the first; the rule is the
+#: name's part before a ``/``. A macro sequence starting with one of them that takes no step
+#: is skipped (it would repeat the sequence without it).
+CANONICAL_FILTERS = {"loop_split": _split_matches_previous, "loop_reorder/match": _reorder_matches_neighbour,
+                     "loop_binding/grid": _block_axes_outermost, "loop_binding/rows": _rows_to_blocks}
+
+
+def _chains(rule, follow, cands, cur: LeirModule, node, root: LeirModule, cfg,
+            rng: random.Random):
+    """Two-step proposals (:data:`CHAINS`): ``rule`` at each of its sites ``cands``, then each
+    rule of ``follow`` at each of its sites in the top-level nests the first step changed (the
+    step it enables); the ``per_rule`` best pairs by the static GPU model, each step verified
+    against the root; yields ``(module, steps, True)``."""
+    from ..engine import NoMatch, apply_rule, list_candidates, site_nests  # noqa: PLC0415
+    from .cost import static_scores  # noqa: PLC0415
+
+    pairs = []
+    before = set(cur.program.nests)
+    for site, params in cands:
+        try:
+            first = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
+        except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
+            continue
+        mid = LeirModule(root.signature, first.after.program)
+        changed = {k for k, n in enumerate(mid.program.nests) if n not in before}
+        for frule in follow:
+            try:
+                fcands = list_candidates(frule, mid)
+            except NoMatch:
+                continue
+            except Exception:  # noqa: BLE001
+                continue
+            for fsite, fparams in fcands:
+                if not (site_nests(fsite, fsite.env) or set()) & changed:
+                    continue
+                try:
+                    second = apply_rule(frule, mid, seed=rng.randrange(2**31), site=fsite, params=fparams)
+                except Exception:  # noqa: BLE001
+                    continue
+                pairs.append((mid, LeirModule(root.signature, second.after.program),
+                              [_step(rule.id, first), _step(frule.id, second)]))
+    if not pairs:
+        return
+    pred = static_scores(root.program, [p[1].program for p in pairs], "cuda")
+    order = sorted(range(len(pairs)), key=lambda i: (-pred[i], i))
+    done = 0
+    for i in order:
+        if done >= cfg.per_rule:
+            break
+        mid, after, steps = pairs[i]
+        if _verify(root, mid, cfg) and _verify(root, after, cfg):
+            done += 1
+            yield after, node.steps + steps, True
+
+
+__all__ = ["MACRO_RULES", "MACRO_SEQUENCES", "CHAINS", "CANONICAL_FILTERS", "run_sequence"]
