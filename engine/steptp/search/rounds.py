@@ -297,7 +297,8 @@ def verified_candidates(name: str, prog: dict, cfg: RoundConfig, round_no: int, 
                 singles += 1
             found.append((module.text(), steps, pred[i]))
         out.extend((t, st) for t, st, _ in found)
-        pick = _diverse(list(range(len(found))), [st for _, st, _ in found], max(1, cfg.expand), family=True)
+        pick = _diverse(list(range(len(found))), [st for _, st, _ in found], max(1, cfg.expand),
+                        family=True)
         level = [Node(found[i][0], found[i][1]) for i in pick]
     return out, new_keys
 
