@@ -693,8 +693,7 @@ def redundant_execution_problems(kernels: dict[LoopId, list[EqContext]], kernel_
             if scope == "l" or not any(t.name == c.eq.target.name for t in accesses(c.eq)[1:]):
                 continue
             own = {l.thread_tag for _, l in c.loops if l.kind == "B"}
-            target_vars = set().union(*(_index_names(e) for e in c.eq.target.indices)) if c.eq.target.indices \
-                else set()
+            target_vars = set().union(*map(_index_names, c.eq.target.indices))
             if any(l.var not in target_vars for _, l in _thread_loops(c)):
                 continue  # a cross-thread all-reduce: TVM groups the other threads
             missing = [t for t in tags if t not in own and (scope == "g" or is_thread_tag(t))]

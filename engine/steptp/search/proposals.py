@@ -151,21 +151,24 @@ def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg, rng: rando
     steps = list(steps)
     for _ in range(cfg.macro_steps):
         step = None
-        try:
-            if canonical:
+        if canonical:
+            try:
                 cands = list_candidates(rule, mod)
-                if accept is not None:
-                    cands = [c for c in cands if accept(mod.program, *c)]
-                for site, params in cands:
-                    try:
-                        step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
-                        break
-                    except Exception:  # noqa: BLE001 - refused by the preflight (or the rewrite): next site
-                        continue
-            else:
+            except Exception:  # noqa: BLE001 - NoMatch: every site done
+                break
+            if accept is not None:  # outside the try: a filter's own error is a bug, not "no site"
+                cands = [c for c in cands if accept(mod.program, *c)]
+            for site, params in cands:
+                try:
+                    step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
+                    break
+                except Exception:  # noqa: BLE001 - refused by the preflight (or the rewrite): next site
+                    continue
+        else:
+            try:
                 step = apply_rule(rule, mod, seed=rng.randrange(2**31))
-        except Exception:  # noqa: BLE001 - NoMatch: every site done; preflight rejections
-            break
+            except Exception:  # noqa: BLE001 - NoMatch: every site done; preflight rejections
+                break
         if step is None:
             break
         after = LeirModule(root.signature, step.after.program)
@@ -225,15 +228,14 @@ def _reorder_matches_neighbour(prog, site, params) -> bool:
     return False
 
 
-def _enclosing(prog, site):
-    """The loops of the kernel above loop ``site.loop`` of nest ``site.nest``, outermost first,
-    and every loop of that kernel."""
-    nest, above = prog.nests[site.nest[0]], []
-    for i in site.nest[1:]:
-        above += nest.loops
-        nest = nest.body[i]
-    above += nest.loops[:site.loop]
-    return above, list(prog.nests[site.nest[0]].all_loops())
+def _under_blocks(prog, site) -> bool:
+    """True when every loop of the kernel above loop ``site.loop`` of nest ``site.nest`` (the
+    outer nests' loops, then the nest's own before it) is bound to a block axis."""
+    from ..engine.navigation import enclosing_loops, get_nest  # noqa: PLC0415
+
+    outer = enclosing_loops(prog, (*site.nest, 0))  # every nest on the path, this one included
+    above = outer[:len(outer) - len(get_nest(prog, site.nest).loops) + site.loop]
+    return all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
 
 
 def _rows_to_blocks(prog, site, params) -> bool:
@@ -244,10 +246,9 @@ def _rows_to_blocks(prog, site, params) -> bool:
     ax = params.get("ax")
     if not isinstance(ax, str) or site.nest is None or site.loop is None:
         return True
-    above, every = _enclosing(prog, site)
-    under_blocks = all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
-    free = {"bx", "by", "bz"} - {lp.var[:2] for lp in every if lp.kind == "B"}
-    return ax.startswith("b") == (under_blocks and bool(free))
+    bound = {lp.var[:2] for lp in prog.nests[site.nest[0]].all_loops() if lp.kind == "B"}
+    free = {"bx", "by", "bz"} - bound
+    return ax.startswith("b") == (_under_blocks(prog, site) and bool(free))
 
 
 def _block_axes_outermost(prog, site, params) -> bool:
@@ -260,8 +261,7 @@ def _block_axes_outermost(prog, site, params) -> bool:
     ax = params.get("ax")
     if not isinstance(ax, str) or not ax.startswith("b") or site.nest is None or site.loop is None:
         return True
-    above, _ = _enclosing(prog, site)
-    return all(lp.kind == "B" and lp.var.startswith("b") for lp in above)
+    return _under_blocks(prog, site)
 
 
 #: Step names of :data:`MACRO_SEQUENCES` whose canonical macro step is the first candidate a
