@@ -1,4 +1,4 @@
-"""``stp rules list|lint|coverage|test``: inspect and self-test the rule files."""
+"""``stp rules list|lint|coverage|test|docs``: inspect, self-test and document the rule files."""
 
 from __future__ import annotations
 
@@ -149,3 +149,36 @@ def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
         fail(str(e))
     if not ok:
         raise typer.Exit(1)
+
+
+@rules_app.command("docs")
+def rules_docs(output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                     help="Write the page here (default: print it)."),
+               check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when OUTPUT is not the "
+                                                                 "page the engine generates now (stale).")):
+    """The rule language reference (docs/rule-language.md), generated from the engine's registries:
+    every rule-file field, where: relation, filter, parameter domain, value function and rewrite
+    primitive, with its meaning and an example from the shipped rules."""
+    from ..rules.docgen import rule_language_page, write_rule_language
+
+    try:
+        text = rule_language_page()
+    except ValueError as e:
+        fail(str(e))
+    if check:
+        if output is None:
+            fail("--check needs -o FILE (the committed page to compare)")
+        current = output.read_text(encoding="utf-8") if output.is_file() else None
+        if current != text:
+            typer.echo(f"{output}: stale; regenerate with: stp rules docs -o {output}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{output}: up to date")
+        return
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        changed = write_rule_language(output)
+    except OSError as e:
+        fail(f"{output}: {e.strerror or e}")
+    typer.echo(f"{output}: {'written' if changed else 'unchanged'} ({len(text.splitlines())} lines)")

@@ -148,9 +148,15 @@ def _arg_domain(function: str, target: A.Expr) -> list:
 @candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from", "look_through",
                                                                   "no_overflow"))
 def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_through=False, no_overflow=False):
-    """The normal form ``function`` changes the site (see the module docstring); with
-    ``no_overflow: true`` the normal form must also not introduce a subterm that may
-    overflow the equation's dtype (:func:`steptp.engine.magnitude.introduces_overflow`)."""
+    """Accept the site when the sympy normal form ``function`` (``factor``, ``expand``,
+    ``cancel``, ``expand_cancel``, ``apart``, ``together``, ``powsimp``, ``expand_powsimp``,
+    ``collect``, ``distribute``; in the variable ``arg`` for ``apart``/``collect``/``distribute``)
+    really changes its algebraic target (not merely reformatting it), the equation is floating
+    point, and no function listed in ``distinct_from`` gives the same result (that strategy owns
+    the transformation). ``look_through: true``: the target seen through producer nests (reads of
+    element-wise intermediates replaced by their definitions). ``no_overflow: true``: the normal
+    form must also not introduce a subterm that may overflow the equation's dtype
+    (:func:`steptp.engine.magnitude.introduces_overflow`)."""
     from . import algebra as G
     from .magnitude import introduces_overflow
 
@@ -208,9 +214,11 @@ def prim_normal_form(ctx: RewriteContext, function, arg=None, look_through=False
 
 @extra_domain("atoms_of", modifiers=("look_through",))
 def domain_atoms_of(spec: dict, ctx: EvalContext) -> list:
-    """Tensor accesses and exp/log/sqrt/tanh/erf calls of the target (first-occurrence order);
-    with ``look_through: F`` also those of its producer-inlined forms (:func:`_through`),
-    appended in order of depth (the filter keeps the arguments ``F`` changes something for)."""
+    """The distinct tensor accesses and exp/log/sqrt/tanh/erf calls of an equation's algebraic
+    target (first-occurrence order): what ``collect``, ``apart`` and ``distribute`` may act on.
+    With ``look_through: F`` also those of the target seen through producer nests (reads of
+    element-wise intermediates replaced by their definitions), appended in order of depth (the
+    ``normal_form`` filter keeps the ones ``F`` changes something for)."""
     from . import algebra as G
 
     value = eval_value(spec["atoms_of"], ctx)
@@ -391,8 +399,12 @@ def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -
 
 @extra_domain("reusable_terms", modifiers=("identity", "avoid"))
 def domain_reusable_terms(spec: dict, ctx: EvalContext) -> list:
-    """See :func:`reusable_terms`; ``identity`` (default 0) fills the guarded first element,
-    ``avoid`` lists functions whose outputs are never introduced."""
+    """Existing values a split may introduce at a site (:func:`reusable_terms`): outputs of
+    earlier sibling nests with the same loops, read at their written subscript, and guarded
+    previous elements ``if_then_else(k<1, identity, T_{..,k-1})`` of the site's tensor accesses;
+    ``identity`` (default 0) fills the guarded first element, ``avoid`` lists functions whose
+    outputs are never introduced (directly or through other tensors). Empty for a site that is
+    or contains the equation's target."""
     term = eval_value(spec["reusable_terms"], ctx)
     if not isinstance(term, (A.Tensor, A.Call)) or (isinstance(term, A.Call) and term.func == "if_then_else"):
         return []
