@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
-    from steptp.search import costmodel as C
+    from steptp.cost_model import learned as C
 
     try:
         C.require_lightgbm()

@@ -4,7 +4,7 @@
 
 For the round's candidates (the pending round's, else every measured one) prints per program
 the fewest kernel launches (top-level nests) of a candidate, the static model's best estimate
-(``steptp.search.cost_gpu.estimate_gpu_ns``, microseconds) and, with ``--measured`` (a round
+(``steptp.cost_model.gpu.estimate_gpu_ns``, microseconds) and, with ``--measured`` (a round
 search's ``summary.json`` from a GPU, e.g. benchmarks/results/gpu-search-h200/summary.json),
 the measured original over that estimate: the speedup the candidate would have if the GPU
 agreed with the model. Then the totals: candidates, those with each rule in their steps, the
@@ -21,7 +21,7 @@ import statistics
 import sys
 
 from steptp.leir.fileformat import parse_leir
-from steptp.search.cost_gpu import estimate_gpu_ns
+from steptp.cost_model.gpu import estimate_gpu_ns
 
 
 def main(argv=None) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from steptp.leir import load_leir, parse_leir
-from steptp.search.cost import estimate_ns
-from steptp.search.cost_gpu import estimate_gpu_ns, kernel_estimate
+from steptp.cost_model.static import estimate_ns
+from steptp.cost_model.gpu import estimate_gpu_ns, kernel_estimate
 
 HEAD = "% program: s\n% input A: f32[512,1024]\n% output C: f32[512,1024]\n"
 

@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 from steptp.cli import app
 from steptp.leir import LeirModule, load_leir, parse_program
 from steptp.search import SearchConfig, search_program
-from steptp.search import costmodel as C
+from steptp.cost_model import learned as C
 from steptp.policy import Proposal
 from steptp.search.core import Evaluation, Search
-from steptp.search.cost import estimate_ns
-from steptp.search.features import FEATURE_NAMES, program_features
+from steptp.cost_model.static import estimate_ns
+from steptp.cost_model.features import FEATURE_NAMES, program_features
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -17,7 +17,7 @@ from openai_stub import OpenAIStub, closed_port
 from steptp.cli import app
 from steptp.leir import LeirModule, format_program, load_leir
 from steptp.search import ALGORITHMS, SearchConfig, search_program
-from steptp.search.cost import estimate_ns
+from steptp.cost_model.static import estimate_ns
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 runner = CliRunner()
@@ -137,8 +137,8 @@ def test_cost_model_sees_a_reduction_chained_through_its_accumulator():
     # (latency-bound); with the spatial axis innermost the adds are independent (2.0x faster
     # measured with stp time on an 18x413x61 GemmTanh, CPU, one thread)
     from steptp.leir import parse_program
-    from steptp.search.cost import serial_chain
-    from steptp.search.features import FEATURE_NAMES, program_features
+    from steptp.cost_model.static import serial_chain
+    from steptp.cost_model.features import FEATURE_NAMES, program_features
 
     inner_red = parse_program("L^{18}_{t=0}L^{413}_{a=0}L^{61}_{c=0}"
                               "[F^{f32,g}_{t,a}=F^{f32,g}_{t,a}+A^{f32,g}_{t,c}*C^{f32,g}_{a,c};];")

@@ -153,7 +153,7 @@ def test_engine_imports_nothing_above_it():
 def test_layer_checks_see_a_bad_import():
     """The layer test reads function-level imports: a fabricated graph with one lazy upward
     edge is caught by the same predicate."""
-    assert _below("steptp.verify", UPPER) and _below("steptp.search.cost", UPPER)
+    assert _below("steptp.verify", UPPER) and _below("steptp.cost_model.static", UPPER)
     assert not _below("steptp.runner.device", UPPER) and not _below("steptp.policyx", ("steptp.policy",))
 
 

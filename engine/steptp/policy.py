@@ -13,7 +13,7 @@ chain-without-parent algorithm and in eval).
   (a worker process with time and memory limits). ``pick="candidate"`` (search): every rule
   x site x parameter that applies is a candidate, at most ``per_rule`` (a seeded sample) per
   rule; ``k`` of them are drawn with the seed (``rank="random"``) or the ``k`` with the
-  lowest static cost (:mod:`steptp.search.cost`, ``rank="cost"``); a program never gets the
+  lowest static cost (:mod:`steptp.cost_model.static`, ``rank="cost"``); a program never gets the
   same candidate twice. ``pick="rule"`` (eval baseline): a rule drawn at random among those
   that match, applied at its own seeded site (:func:`steptp.engine.apply_rule`).
 * :class:`ReplayPolicy`: proposals read from a JSONL file: search records ``{"parent": LEIR
@@ -158,6 +158,10 @@ def strategy_table(rules=None) -> list[dict]:
 # ---------------------------------------------------------------------------
 
 
+#: The pseudo rule id of a multi-step proposal among :meth:`EnginePolicy.candidates`.
+MACRO = "@macro"
+
+
 class EnginePolicy:
     """Proposals from the rule engine (see the module docstring).
 
@@ -168,7 +172,10 @@ class EnginePolicy:
     ``pick="rule"`` (8); ``target``: the cost model's target (``cpu``/``cuda``);
     ``skip_binding_only``: leave out the rules that only bind loops to
     GPU axes (:attr:`steptp.rules.loader.Rule.binding_only`: on the CPU the same code, never a
-    timed sample; ``stp search --device cpu``).
+    timed sample; ``stp search --device cpu``); ``macros``: also propose the multi-step
+    proposals of :mod:`steptp.engine.macros` (macros, chains, macro sequences; at most
+    ``macro_steps`` steps per rule), each a candidate like a single step, its intermediate
+    programs in ``Proposal.info["steps"]`` (``stp search --device cuda``).
     ``apply_timeout_s`` (seconds per application), ``list_timeout_s`` (to count a program's
     candidates), ``mem_bytes`` (the worker's address space) and ``isolated`` go to
     :class:`~steptp.engine.service.EngineService`; work over a limit is skipped and counted
@@ -182,7 +189,8 @@ class EnginePolicy:
     def __init__(self, rules=None, *, rank: str = "random", pick: str = "candidate", seed: int = 0, per_rule: int = 8,
                  tries: int = 8, target: str = "cpu", rules_dir: str | None = None, apply_timeout_s: float = 30.0,
                  list_timeout_s: float = 120.0, mem_bytes: int = 3 << 30, cache_size: int = 256,
-                 isolated: bool = True, skip_binding_only: bool = False):
+                 isolated: bool = True, skip_binding_only: bool = False, macros: bool = False,
+                 macro_steps: int = 48):
         from .engine.service import EngineService
 
         if rank not in ("random", "cost"):
@@ -203,6 +211,9 @@ class EnginePolicy:
         self._used: dict[str, set] = {}
         self._calls: dict[str, int] = {}
         self._ranked: dict[str, list] = {}  # rank="cost": applied candidates not yet proposed, cheapest first
+        self._consumed: dict[str, int] = {}  # rank="cost": proposals replayed before the ranking was computed
+        self.macros, self.macro_steps = macros, macro_steps
+        self._macros: dict[str, list] = {}
 
     @property
     def skipped(self) -> dict[str, int]:
@@ -239,10 +250,38 @@ class EnginePolicy:
             if len(idx) > self.per_rule:
                 idx = sorted(seeded_rng(self.seed, key, rid, "cap").sample(idx, self.per_rule))
             out.extend((rid, i) for i in idx)
+        if self.macros:
+            out.extend((MACRO, j) for j in range(len(self._macro_steps(module, key))))
         if len(self._cands) >= self.cache_size:
             self._cands.pop(next(iter(self._cands)))
         self._cands[key] = out
         return out
+
+    def _macro_steps(self, module: LeirModule, key: str) -> list:
+        hit = self._macros.get(key)
+        if hit is None:
+            if len(self._macros) >= self.cache_size:
+                self._macros.pop(next(iter(self._macros)))
+            hit = self._macros[key] = self.service.macros(module, self.seed, min(self.per_rule, 4), self.macro_steps)
+        return hit
+
+    def replayed(self, program: Any, proposals: list[Proposal]) -> None:
+        """Bring the policy's state up to date with a call answered from a cache (a search
+        replayed after waiting for a runner): the call counts, and its proposals are not
+        proposed again at this program."""
+        key = program_key(program)
+        self._calls[key] = self._calls.get(key, 0) + 1
+        if self.pick != "candidate":
+            return
+        if self.rank == "cost":
+            ranked = self._ranked.get(key)
+            if ranked is None:
+                self._consumed[key] = self._consumed.get(key, 0) + len(proposals)
+            else:
+                ranked[:] = ranked[len(proposals):]
+            return
+        used = self._used.setdefault(key, set())
+        used.update(p.info["index"] for p in proposals if isinstance(p.info.get("index"), int))
 
     def rule_name(self, rule_id: str) -> str:
         """The display name of a rule id (the id itself when unknown)."""
@@ -250,10 +289,23 @@ class EnginePolicy:
         return r.name if r is not None else rule_id
 
     def _apply(self, module: LeirModule, rule_id: str, index: int | None, seed: int) -> Proposal | None:
+        if rule_id == MACRO:
+            steps = self._macro_steps(module, program_key(module))[index]
+            from .leir import parse_program
+
+            ids = list(dict.fromkeys(st["rule"] for st in steps))
+            return Proposal(LeirModule(module.signature, parse_program(steps[-1]["leir"])), "+".join(ids),
+                            info={"rule": MACRO, "steps": steps})
         a = self.service.apply(module, rule_id, index, seed)
         if not a.ok:
             return None
         return Proposal(a.module, rule_id, a.site, a.params, a.cot, info={"rule": rule_id})
+
+    def _indexed(self, module: LeirModule, cands: list, i: int) -> Proposal | None:
+        p = self._apply(module, *cands[i], self.seed)
+        if p is not None:
+            p.info["index"] = i
+        return p
 
     def propose(self, program: Any, history: list, k: int, *, draw: tuple | None = None) -> list[Proposal]:
         """At most ``k`` engine proposals for ``program`` (see the class docstring)."""
@@ -284,23 +336,78 @@ class EnginePolicy:
         if self.rank == "cost":
             ranked = self._ranked.get(key)
             if ranked is None:
-                from .search.cost import static_scores
+                from .cost_model.static import static_scores
 
-                props = [p for p in (self._apply(module, *cands[i], self.seed) for i in order) if p is not None]
+                props = [p for p in (self._indexed(module, cands, i) for i in order) if p is not None]
                 scores = static_scores(module.program, [p.module.program for p in props], self.target)
                 # highest predicted speedup (lowest estimate) first; the seeded order breaks ties
                 ranked = self._ranked[key] = [props[j] for j in sorted(range(len(props)), key=lambda j: (-scores[j], j))]
+                ranked[:] = ranked[self._consumed.pop(key, 0):]
             out, ranked[:] = ranked[:k], ranked[k:]
             return out
         out = []
         for i in order:
             used.add(i)
-            p = self._apply(module, *cands[i], self.seed)
+            p = self._indexed(module, cands, i)
             if p is not None:
                 out.append(p)
                 if len(out) >= k:
                     break
         return out
+
+
+class ScreeningPolicy:
+    """Screen many, propose few: asks the wrapped policy for up to ``screen`` proposals at a
+    node (e.g. every matching rule x site x parameter of the engine, up to the cap), scores
+    them with ``scorer`` and proposes the ``k`` best not proposed yet (re-scored at each call:
+    the model learns online). A node whose screened list runs out is screened again (the
+    engine then yields its further candidates). Proposals whose program was already proposed
+    anywhere, or is the node or one of its ancestors in ``history``, are dropped."""
+
+    def __init__(self, inner, scorer, screen: int = 32):
+        self.inner = inner
+        self.scorer = scorer
+        self.screen = screen
+        self._pool: dict[str, list] = {}
+        self._seen: set[str] = set()
+        self._dry: set[str] = set()
+
+    def propose(self, node, history, k: int):
+        """The ``k`` best-scored proposals at ``node`` (see the class docstring)."""
+        from .leir.printer import format_program
+
+        def canonical(m):
+            return format_program(m.program)
+
+        pool = self._pool.setdefault(node.text, [])
+        if len(pool) < k and node.text not in self._dry:
+            fresh = list(self.inner.propose(node, history, self.screen))
+            if not fresh:
+                self._dry.add(node.text)
+            back = {node.text} | {h.text for h in history}
+            for p in fresh:
+                t = canonical(p.module)
+                if t not in self._seen and t not in back:
+                    self._seen.add(t)
+                    pool.append(p)
+        if not pool:
+            return []
+        scores = self.scorer.score(node, pool)
+        order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+        out = [pool[i] for i in order[:k]]
+        keep = set(order[k:])
+        pool[:] = [p for i, p in enumerate(pool) if i in keep]
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+    def __getattr__(self, name):  # skipped / log of the wrapped policy
+        if name in ("skipped", "log"):
+            return getattr(self.inner, name)
+        raise AttributeError(name)
 
 
 # ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ Users: ``stp dataset`` (candidate order ``(seed, program key, rule id)``, derive
 ``(seed, rule id, "retry")``: the order of the candidates tried after a GPU-preflight
 rejection), the engine policy (:mod:`steptp.policy`), the recogniser of ``stp eval``
 (through :mod:`steptp.engine.service`), the cost model's samples
-(:mod:`steptp.search.costmodel`) and the evolutionary search. One exception: ``stp rules
+(:mod:`steptp.cost_model.learned`) and the evolutionary search. One exception: ``stp rules
 coverage`` draws with ``(seed, rule id, program name)``, rule before program, as it always
 has, so its tables stay unchanged. The dataset's chat-set filters and mutants
 (:mod:`steptp.dataset.difficulty`, :mod:`steptp.dataset.pipeline`,

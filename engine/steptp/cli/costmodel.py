@@ -1,4 +1,4 @@
-"""``stp costmodel train`` / ``eval``: the learned cost model of :mod:`steptp.search.costmodel`
+"""``stp costmodel train`` / ``eval``: the learned cost model of :mod:`steptp.cost_model.learned`
 (LightGBM over LEIR program features, trained on ``stp dataset --time`` measurements; used by
 ``stp search --rank model:PATH``)."""
 
@@ -17,7 +17,7 @@ costmodel_app = typer.Typer(no_args_is_help=True, help="Train and evaluate the l
 
 
 def _errors():
-    from ..search.costmodel import CostModelError, CostModelUnavailable
+    from ..cost_model.learned import CostModelError, CostModelUnavailable
 
     return CostModelError, CostModelUnavailable
 
@@ -37,7 +37,7 @@ def train(datasets: List[Path] = typer.Argument(..., help="stp dataset --time ou
     """Fit the model on every timed entry of DATASETS (pairs original -> transformed with
     their measured speedups) and write it to OUT. Exit 2 without LightGBM, without timed
     entries or for an unreadable dataset."""
-    from ..search import costmodel as C
+    from ..cost_model import learned as C
 
     if device not in ("cpu", "cuda"):
         fail(f"--timings-of {device}: expected cpu or cuda")
@@ -61,7 +61,7 @@ def evaluate(model: Path = typer.Argument(..., help="Model file (stp costmodel t
     """Ranking quality of MODEL on the measurements of DATASETS, per original program:
     Kendall's tau-b between predicted and measured speedups and top-k recall, beside the
     static cost model (``--rank cost``). Exit 2 for a bad model or dataset."""
-    from ..search import costmodel as C
+    from ..cost_model import learned as C
 
     try:
         m = C.CostModel.load(model)

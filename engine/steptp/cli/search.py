@@ -12,6 +12,9 @@ import typer
 from .app import app
 from .common import fail, internal_errors_exit
 
+#: Exit code of a search that waits for a remote runner's measurements (--runner pack).
+EXIT_WAITING = 3
+
 ALGORITHM_HELP = ("greedy, beam, bfs, dfs, mcts, chain or chain-no-parent (paper App. B.2), or evolutionary (TVM "
                   "MetaSchedule: population, rule mutations, model-scored selection, the top 2 per round measured).")
 
@@ -81,20 +84,14 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                                            "check and writes what it has (summary.json 'stopped')."),
            runner: str = typer.Option("local", "--runner",
                                       help="local: measure on this machine's --device; pack (with --device cuda): "
-                                           "search in rounds, each round's candidates written as a GPU pack to "
+                                           "each batch of candidates is written as a GPU pack to "
                                            "OUT/rounds/<k>/pack for python -m steptp.gpu.run on a GPU node (exit 3 "
-                                           "while waiting; rerun the same command with the results in place). "
-                                           "Greedy and beam only."),
+                                           "while waiting; rerun the same command with the results in place). Any "
+                                           "--algorithm."),
            arch: str = typer.Option("sm_90", "--arch", help="--runner pack: the GPU node's architecture (sm_XY)."),
            workers: int = typer.Option(1, "-j", "--workers", min=1,
-                                       help="--runner pack: worker processes proposing and verifying programs in "
-                                            "parallel (the rounds do not depend on it)."),
-           levels: int = typer.Option(1, "--levels", min=1,
-                                      help="--runner pack: tree levels expanded on this CPU per round before "
-                                           "measuring (the static GPU model picks the programs expanded further)."),
-           expand: int = typer.Option(3, "--expand", min=1,
-                                      help="--runner pack with --levels > 1: programs of a level expanded at the "
-                                           "next."),
+                                       help="--runner pack: programs searched in parallel processes (the rounds do "
+                                            "not depend on it)."),
            no_sim: bool = typer.Option(False, "--no-sim",
                                        help="--runner pack: packs without the simulated device's CPU builds (a "
                                             "real GPU node does not need them).")):
@@ -109,25 +106,22 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     unreachable or every program failed with an internal error, 2 for bad input or an
     unavailable --device.
 
-    With --runner pack (--device cuda; no GPU needed here): rounds of greedy or beam search,
-    -n rounds (4), --beam-k frontier (2), --measure candidates per program and round (8); each
-    round is verified on this CPU, screened by the static GPU cost model (--rank model: a
-    LightGBM model refitted on the GPU samples after every round) and written as a pack; exit 3
-    while waiting for the node's results, then the summary with speedup over the original and
-    vs PyTorch eager, every figure from a final re-time round."""
+    With --runner pack (--device cuda; no GPU needed here) the same search runs in rounds:
+    candidates are verified on this CPU (with the GPU preflight and CUDA code generation), each
+    batch to measure is written as a pack, the command exits 3 with the node's command, and the
+    same command run again with the node's results replays the search from its caches and goes
+    on; every flag keeps its meaning, and the summaries have the same keys (plus the node's
+    PyTorch eager timing)."""
     if runner not in ("local", "pack"):
         fail(f"--runner {runner}: expected local or pack")
     if runner == "pack":
         if device != "cuda":
             fail("--runner pack measures on a GPU node: use it with --device cuda")
-        if policy != "engine":
-            fail("--runner pack: only --policy engine proposes in rounds")
-        from .search_rounds import run_pack_search
-
-        run_pack_search(programs, out, algorithm=algorithm, rounds=iterations or 4, beam=beam_k or 2,
-                        measure=measure or 8, per_rule=min(per_rule, 4), seed=seed, arch=arch, timeout_s=timeout,
-                        quiet=quiet, rank=rank, workers=workers, levels=levels, expand=expand, sim=not no_sim)
-        return
+    else:
+        for flag, given in (("-j/--workers", workers != 1), ("--arch", arch != "sm_90"), ("--no-sim", no_sim)):
+            if given:
+                fail(f"{flag}: only with --runner pack (the local runner times on this machine, one program at a "
+                     "time)")
     from ..search import ALGORITHMS, POLICIES, SearchConfig, SearchInputError, TargetUnavailable
     from ..search.run import export_chat as do_export
     from ..search.run import search_many
@@ -138,14 +132,15 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         fail(f"--policy {policy}: expected one of {', '.join(POLICIES)}")
     if device not in ("cpu", "cuda"):
         fail(f"--device {device}: expected cpu or cuda")
-    from ..search.costmodel import CostModelError, CostModelUnavailable, make_scorer, parse_rank
+    from ..cost_model import create, parse_kind
+    from ..cost_model.learned import CostModelError, CostModelUnavailable
 
     try:
-        if parse_rank(rank)[0] == "model":
-            make_scorer(rank, device, seed)  # LightGBM and the model file, before anything is written
+        if parse_kind(rank)[0] == "model":
+            create(rank, device, seed)  # LightGBM and the model file, before anything is written
     except (ValueError, CostModelError, CostModelUnavailable) as e:
         fail(str(e))
-    if device == "cuda":
+    if device == "cuda" and runner == "local":
         from ..search.evaluate import cuda_problem
 
         why = cuda_problem()
@@ -179,7 +174,8 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     cfg = SearchConfig(algorithm=algorithm, policy=policy, rank=rank, device=device, seed=seed, iterations=iterations,
                        overrides={k: v for k, v in overrides.items() if v is not None}, per_rule=per_rule,
                        timeout_s=timeout, max_samples=max_samples, temperature=temperature, max_tokens=max_tokens,
-                       replay=str(replay) if replay else None, progress=not quiet, time_limit_s=time_limit)
+                       replay=str(replay) if replay else None, progress=not quiet, time_limit_s=time_limit,
+                       runner=runner)
     errors: list[str] = []
     info: dict = {}
     import signal
@@ -190,7 +186,8 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         sms = search_many([str(p) for p in programs], out, cfg, client=client,
-                          on_error=lambda p, m: errors.append(m), run_info=info)
+                          on_error=lambda p, m: errors.append(m), run_info=info, workers=workers,
+                          write_pack=_pack_writer(arch, not no_sim) if runner == "pack" else None)
     except SearchInputError as e:
         fail(str(e))
     except TargetUnavailable as e:
@@ -203,12 +200,27 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         fail(f"search failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}", 1)
     for m in errors:
         typer.echo(f"skipped: {m}", err=True)
+    waiting = info.get("waiting")
+    if waiting:
+        import shlex
+        import sys
+
+        cmd = " ".join(shlex.quote(a) for a in sys.argv)
+        typer.echo(f"round {waiting['round']}: {len(info.get('pending', []))} program(s) waiting for "
+                   f"{waiting['entries']} measurement(s). On the GPU node run:\n"
+                   f"  python -m steptp.gpu.run {shlex.quote(waiting['pack'])} -o {shlex.quote(waiting['results'])} "
+                   f"--time --retime-best 1\n"
+                   f"then, with the results copied back to {waiting['results']}, run this command again:\n  {cmd}")
+        if not info.get("internal_errors"):
+            raise typer.Exit(EXIT_WAITING)
     if info.get("stopped"):
         typer.echo(f"stopped ({info['stopped']}): partial summaries written; rerun the same command to resume",
                    err=True)
     for sm in sms:
         eager = sm.get("speedup_vs_eager")
         extra = "" if eager is None or not math.isfinite(eager) else f"  vs eager {eager:.2f}x"
+        if sm.get("runner") == "pack":
+            extra += f"  rounds {sm.get('rounds')}"
         typer.echo(f"{sm['program']}: {sm['algorithm']}/{sm['policy']} samples {sm['samples']}  speedup "
                    f"{sm['speedup']:.2f}x  strategies {sm['strategies']}  efficiency {sm['efficiency']:.2f}{extra}")
     typer.echo(f"wrote {Path(out) / 'report.md'}", err=True)
@@ -218,3 +230,16 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     internal_errors_exit(info.get("internal_errors", 0), info.get("programs", 0), Path(out) / "run_summary.json")
     if info.get("stopped"):
         raise typer.Exit(1)
+
+
+def _pack_writer(arch: str, sim: bool):
+    """``fn(round_dir, pack_dir)``: the GPU front end's pack builder
+    (:func:`steptp.gpu.pack.build_pack`) for ``arch``, composed here so that neither the runner
+    nor the search imports the GPU front end."""
+
+    def write(round_dir: Path, pack_dir: Path) -> dict:
+        from ..gpu.pack import build_pack
+
+        return build_pack([str(round_dir)], pack_dir, arch=arch, sim=sim)
+
+    return write

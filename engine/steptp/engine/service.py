@@ -204,6 +204,21 @@ def apply_candidate(spec: tuple, text: str, rule_id: str, index: int | None, see
         return ("fail", f"{type(e).__name__}: {str(e)[:200]}")
 
 
+def macro_candidates(spec: tuple, text: str, seed: int, per_rule: int, max_steps: int,
+                     mem_bytes: int | None = None) -> tuple:
+    """Worker: the multi-step proposals of the program ``text``
+    (:func:`steptp.engine.macros.macro_proposals`): ``("ok", [[step, ...], ...])`` (each step
+    ``{"rule", "site", "params", "leir"}``) or ``("memory", reason)``."""
+    _limit(mem_bytes)
+    from .macros import macro_proposals
+
+    try:
+        return ("ok", macro_proposals(list(_rules(spec).values()), _module(text), seed, per_rule, max_steps))
+    except MemoryError:
+        _STATE["cands"].clear()
+        return ("memory", "address-space limit reached")
+
+
 def rule_results(spec: tuple, text: str, rule_id: str, max_candidates: int, seed: int, time_s: float,
                  mem_bytes: int | None = None) -> tuple[list[str], bool]:
     """Worker: the canonical LEIR texts (no header) of the results of ``rule_id``'s
@@ -411,6 +426,17 @@ class EngineService:
         _, text, cot, site, params = r
         return Applied(LeirModule(module.signature, parse_leir(text, "<engine>").program), site, params, cot)
 
+    def macros(self, module, seed: int, per_rule: int = 4, max_steps: int = 48) -> list[list[dict]]:
+        """The multi-step proposals of ``module`` (:func:`macro_candidates`) within
+        ``list_timeout_s``: lists of steps ``{"rule", "site", "params", "leir"}`` (``leir``:
+        canonical text, no header). ``[]`` past a limit (counted in :attr:`skipped`)."""
+        r = self._call(macro_candidates, module.text(), seed, per_rule, max_steps, timeout_s=self.list_timeout_s)
+        if isinstance(r, Exception) or r[0] != "ok":
+            self._skip("macros: time or memory limit")
+            self.restart()
+            return []
+        return r[1]
+
     def rule(self, rule_id: str):
         """The loaded rule of ``rule_id`` (in this process), or None."""
         return _rules(self.spec).get(rule_id)
@@ -437,4 +463,4 @@ class EngineService:
 
 
 __all__ = ["bounded", "plain", "EngineService", "Applied", "ready", "settle_heap", "GC_THRESHOLDS", "count_candidates",
-           "apply_candidate", "rule_results"]
+           "apply_candidate", "rule_results", "macro_candidates"]

@@ -4,15 +4,20 @@ guided by a policy, every candidate verified against the root program and timed.
 Layers (algorithms never know about HTTP, TVM or rules)::
 
     (policies)     steptp.policy, shared with stp eval: Policy.propose(node, history, k) ->
-                   [Proposal]: EnginePolicy (rules, random or static-cost ranking, cost.py),
-                   ReplayPolicy (JSONL), LLMPolicy (chat endpoint, templates/search_prompt.j2)
-    costmodel.py   the learned cost model (LightGBM over features.py) for --rank model
+                   [Proposal]: EnginePolicy (rules and their multi-step macros, random or
+                   static-cost ranking), ReplayPolicy (JSONL), LLMPolicy (chat endpoint,
+                   templates/search_prompt.j2), ScreeningPolicy (a cost model screens)
+    (cost models)  steptp.cost_model: create(kind) -> random / static (CPU, GPU) / learned
+    (runners)      steptp.runner.base: create("local" | "pack") -> Runner.run(batch) ->
+                   [RunnerFuture] (pending until a GPU node has measured a pack)
     algorithms.py  greedy, beam, bfs, dfs, mcts (UCT), chain, chain-no-parent (the paper's seven)
                    and evolutionary (MetaSchedule-style, model-screened) over a core.Search
-    evaluate.py    Measure: verify_pair against the root (3 random + 2 ordered trials), time Equal candidates
-    core.py        Node, Search (tree, dedupe, revert rejection, samples, best)
-    run.py         search_program / search_many: summary.json, best.leir, tree.jsonl, report.md,
-                   chat export
+    evaluate.py    Measure: verify_pair against the root (3 random + 2 ordered trials; every
+                   step of a multi-step proposal), the Equal ones measured by the runner as a batch
+    core.py        Node, Search (tree, dedupe, revert rejection, batches, samples, best)
+    replay.py      the caches a search waiting for a runner is replayed from
+    run.py         search_program / search_many (the one driver, any runner): summary.json,
+                   best.leir, tree.jsonl, report.md, chat export
 
 Typical use::
 

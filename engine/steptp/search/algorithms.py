@@ -2,8 +2,12 @@
 search, over a :class:`~steptp.search.core.Search`.
 
 Each function drives ``search.expand(node, k)`` (ask the policy for ``k`` proposals at
-``node``, verify and time them; returns the Equal children, fastest first) and stops at
-its budget; the best node and the tree live in the :class:`Search`. No algorithm knows
+``node``, verify and time them as one batch; returns the Equal children, fastest first; a beam
+expands its whole frontier as one batch, the evolutionary search measures its picks as one) and
+stops at its budget. A batch the runner has not measured yet raises
+:class:`steptp.runner.base.Pending` out of the algorithm: the driver (:mod:`steptp.search.run`)
+runs it again from the start once the results are in, every earlier proposal and measurement
+answered from its caches, so every algorithm works with a runner that answers in rounds; the best node and the tree live in the :class:`Search`. No algorithm knows
 about HTTP, TVM or rules. Defaults are the paper's (App. B.2):
 
 =================  ==========================================================================
@@ -84,11 +88,9 @@ def beam(s: Search, iterations: int = 20, per_node: int = 3, k: int = 2) -> None
     frontier = [s.root]
     for it in range(iterations):
         _tick(s, it)
-        pool: list[Node] = []
-        for n in frontier:
-            if s.exhausted:
-                return
-            pool.extend(s.expand(n, per_node))
+        if s.exhausted:
+            return
+        pool = s.expand_all([(n, per_node) for n in frontier])  # the frontier measured as one batch
         if pool:
             pool.sort(key=lambda n: n.time_us)
             frontier = pool[:k]
@@ -266,10 +268,9 @@ def evolutionary(s: Search, iterations: int = 20, population: int = 4, screen: i
         chosen = [pool[i] for i in pick]
         for i in sorted(pick, reverse=True):
             del pool[i]
-        for parent, p, _ in chosen:
-            if s.exhausted:
-                return
-            s.add(parent, p)
+        if s.exhausted:
+            return
+        s.add_batch([(parent, p) for parent, p, _ in chosen])  # the measured batch of the round
 
 
 FUNCTIONS = {"greedy": greedy, "beam": beam, "bfs": bfs, "dfs": dfs, "mcts": mcts, "chain": chain,

@@ -4,9 +4,9 @@
 
 Nothing here knows about HTTP or TVM: a :class:`Search` is given a policy (anything with
 ``propose(node, history, k)``), an evaluator (anything with ``root_time_us`` and
-``evaluate(module) -> Evaluation``) and optionally a scorer (anything with
+``evaluate_batch([(module, steps)]) -> [Evaluation]``) and optionally a scorer (anything with
 ``score(node, proposals) -> [predicted ln speedup over node]`` and, to learn online,
-``observe(root, parent, child)``: :mod:`steptp.search.costmodel`) and records every node it
+``observe(root, parent, child)``: :mod:`steptp.cost_model.learned`) and records every node it
 sees.
 
 Metrics (paper §4.4): a *sample* is a candidate that verified Equal against the root and
@@ -41,12 +41,18 @@ class Evaluation:
     reason: str = ""
     verify: dict | None = None
     seconds: dict = field(default_factory=dict)  # time spent per stage (verify, time)
+    speedup: float | None = None  # root/candidate timed interleaved, when the runner did (else root_time/time)
+    steps: int = 0  # of a multi-step proposal: the steps kept (each verified); 0 for a single step
 
 
 class Evaluator(Protocol):
-    root_time_us: float
+    """Verifies and measures proposals (:class:`steptp.search.evaluate.Measure`):
+    ``evaluate_batch([(module, steps)])`` returns one :class:`Evaluation` each, or raises
+    :class:`steptp.runner.base.Pending` when the runner's answer is not there yet."""
 
-    def evaluate(self, module: LeirModule) -> Evaluation: ...
+    root_time_us: float | None
+
+    def evaluate_batch(self, items: list[tuple[LeirModule, list]]) -> list[Evaluation]: ...
 
 
 class Scorer(Protocol):
@@ -74,6 +80,7 @@ class Node:
     speedup: float | None = None
     sample: int | None = None  # 1-based sample index (equal nodes only)
     iteration: int = 0
+    steps: list = field(default_factory=list)  # a multi-step proposal's steps ({rule, site, params, leir})
 
     @property
     def ok(self) -> bool:
@@ -86,7 +93,8 @@ class Node:
         return {"id": self.id, "parent": self.parent, "depth": self.depth, "status": self.status,
                 "reason": self.reason, "strategy": self.strategy, "site": self.site,
                 "params": plain(self.params), "time_us": self.time_us, "speedup": self.speedup,
-                "sample": self.sample, "iteration": self.iteration, "leir": self.text}
+                "sample": self.sample, "iteration": self.iteration, "leir": self.text,
+                **({"steps": self.steps} if self.steps else {})}
 
 
 @dataclass
@@ -132,7 +140,7 @@ class Search:
         self.iteration = 0
         self.curve: list[tuple[int, float]] = []  # (samples, best speedup so far)
         t = root.text if isinstance(root, Node) else canonical(root)
-        r = Node(0, None, 0, root, t, time_us=evaluator.root_time_us, speedup=1.0)
+        r = Node(0, None, 0, root, t, time_us=getattr(evaluator, "root_time_us", None), speedup=1.0)
         self.nodes.append(r)
         self.seen[t] = 0
         self.best = r
@@ -168,18 +176,19 @@ class Search:
 
     def expand(self, node: Node, k: int, *, with_parent: bool = True) -> list[Node]:
         """Ask the policy for ``k`` proposals at ``node`` (history: the path root..node, or
-        only ``node`` when ``with_parent`` is False) and evaluate each; returns the new
-        ``equal`` children (fastest first)."""
-        if self.exhausted or k <= 0:
+        only ``node`` when ``with_parent`` is False) and evaluate them as one batch; returns
+        the new ``equal`` children (fastest first). Raises
+        :class:`steptp.runner.base.Pending` when the runner has not measured the batch yet."""
+        return self.expand_all([(node, k)], with_parent=with_parent)
+
+    def expand_all(self, requests: list[tuple[Node, int]], *, with_parent: bool = True) -> list[Node]:
+        """:meth:`expand` of several ``(node, k)`` at once: every node's proposals, then one
+        batch (a beam's frontier measured together); the new ``equal`` children, fastest first."""
+        if self.exhausted:
             return []
-        props = self.propose(node, k, with_parent=with_parent)
-        out = []
-        for p in props:
-            if self.exhausted:
-                break
-            child = self.add(node, p)
-            if child.status == "equal":
-                out.append(child)
+        pairs = [(node, p) for node, k in requests if k > 0 for p in self.propose(node, k, with_parent=with_parent)]
+        kids = self.add_batch(pairs)
+        out = [c for c in kids if c.status == "equal"]
         out.sort(key=lambda n: n.time_us)
         return out
 
@@ -206,35 +215,40 @@ class Search:
             self.timer.add("model", time.perf_counter() - t0)
 
     def add(self, node: Node, proposal: Proposal) -> Node:
-        """Evaluate ``proposal`` as a child of ``node`` (revert, duplicate and no-op checks,
-        then verification and timing) and record it; returns the new node (any status)."""
-        return self._child(node, proposal, {n.text for n in self.path(node)})
+        """Evaluate ``proposal`` as a child of ``node`` (:meth:`add_batch` of one)."""
+        return self.add_batch([(node, proposal)])[0]
 
-    def _child(self, node: Node, p: Proposal, ancestors: set[str]) -> Node:
-        try:
-            text = canonical(p.module)
-        except Exception as e:  # noqa: BLE001 - a malformed proposal is one rejected node
-            text, status, reason = "", "invalid", f"cannot print the program: {e}"
-        else:
-            status, reason = "", ""
-        child = Node(len(self.nodes), node.id, node.depth + 1, p.module, text, p.strategy, p.site, dict(p.params),
-                     p.cot, iteration=self.iteration)
-        if status:
-            child.status, child.reason = status, reason
-        elif text in ancestors:
-            child.status, child.reason = "revert", "same program as an ancestor (reverting is not allowed)"
-        elif text in self.seen:
-            child.status, child.reason = "duplicate", f"same program as node {self.seen[text]}"
-        elif self._same_code(node, p.module):
-            child.status, child.reason = "noop", "builds to the same code as its parent on this device (not timed)"
-        else:
-            ev = self.evaluator.evaluate(p.module)
+    def add_batch(self, pairs: list[tuple[Node, Proposal]]) -> list[Node]:
+        """Evaluate proposals as children of their nodes, as one batch: revert, duplicate and
+        no-op checks first, then the evaluator verifies (every step of a multi-step proposal)
+        and measures the rest together; records and returns the new nodes (any status), as
+        many as the budget (``max_samples``) leaves room for. Raises
+        :class:`steptp.runner.base.Pending` (nothing recorded) when the runner has not
+        answered yet."""
+        room = None if self.max_samples is None else max(0, self.max_samples - self.samples)
+        kids: list[tuple[Node, Node]] = []
+        batch: list[tuple[Node, Node]] = []
+        seen = dict(self.seen)
+        for node, p in pairs:
+            child = self._screen(node, p, {n.text for n in self.path(node)}, seen)
+            if not child.status:
+                if room is not None and len(batch) >= room:
+                    break
+                batch.append((node, child))
+            kids.append((node, child))
+        evs = self.evaluator.evaluate_batch([(c.module, c.steps) for _, c in batch]) if batch else []
+        for (node, child), ev in zip(batch, evs):
             for stage, s in (getattr(ev, "seconds", None) or {}).items():
                 self.timer.add(stage, s)
-            child.status, child.reason = ev.status, ev.reason
-            if ev.status == "equal":
-                child.time_us = ev.time_us
-                child.speedup = self.root.time_us / ev.time_us if ev.time_us and ev.time_us > 0 else None
+            self._record(node, child, ev)
+        out = []
+        for node, child in kids:
+            child.id = len(self.nodes)
+            if child.text and child.text not in self.seen:
+                self.seen[child.text] = child.id
+            self.nodes.append(child)
+            out.append(child)
+            if child.status == "equal":
                 self.samples += 1
                 child.sample = self.samples
                 if child.speedup is not None and child.speedup > (self.best.speedup or 0):
@@ -244,11 +258,48 @@ class Search:
                     self.progress.update(1)
                     self.progress.set_postfix(best=f"{self.best.speedup:.2f}x")
                 self._observe(node, child)
-            self.seen[text] = child.id
-        if text and text not in self.seen:
-            self.seen[text] = child.id
-        self.nodes.append(child)
+        return out
+
+    def _screen(self, node: Node, p: Proposal, ancestors: set[str], seen: dict) -> Node:
+        """The child of ``node`` for ``p`` with its status when it is rejected before any
+        verification (invalid, revert, duplicate, noop), else an empty status. ``seen``: texts
+        met so far in this batch too (updated)."""
+        try:
+            text = canonical(p.module)
+        except Exception as e:  # noqa: BLE001 - a malformed proposal is one rejected node
+            text, status, reason = "", "invalid", f"cannot print the program: {e}"
+        else:
+            status, reason = "", ""
+        steps = list((p.info or {}).get("steps") or [])
+        child = Node(-1, node.id, node.depth + 1, p.module, text, p.strategy, p.site, dict(p.params),
+                     p.cot, status="", iteration=self.iteration, steps=steps)
+        if status:
+            child.status, child.reason = status, reason
+        elif text in ancestors:
+            child.status, child.reason = "revert", "same program as an ancestor (reverting is not allowed)"
+        elif text in seen:
+            child.status, child.reason = "duplicate", f"same program as {'node ' + str(seen[text]) if seen[text] >= 0 else 'another proposal of this batch'}"
+        elif self._same_code(node, p.module):
+            child.status, child.reason = "noop", "builds to the same code as its parent on this device (not timed)"
+        if text and text not in seen:
+            seen[text] = -1
         return child
+
+    def _record(self, node: Node, child: Node, ev: Evaluation) -> None:
+        """Fill ``child`` from its evaluation (a multi-step proposal cut at its first step
+        that did not verify becomes its verified prefix)."""
+        child.status, child.reason = ev.status, ev.reason
+        if child.steps and 0 < ev.steps < len(child.steps):
+            from ..leir import parse_program  # noqa: PLC0415
+
+            child.steps = child.steps[:ev.steps]
+            child.module = LeirModule(child.module.signature, parse_program(child.steps[-1]["leir"]))
+            child.text = canonical(child.module)
+            child.strategy = "+".join(dict.fromkeys(st["rule"] for st in child.steps))
+        if ev.status == "equal":
+            child.time_us = ev.time_us
+            root_us = self.root.time_us
+            child.speedup = ev.speedup if ev.speedup else (root_us / ev.time_us if root_us and ev.time_us else None)
 
     def _observe(self, parent: Node, child: Node) -> None:
         """Tell the scorer a new sample (online learning of the cost model)."""

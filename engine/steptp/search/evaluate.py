@@ -15,7 +15,6 @@ program, time the Equal ones.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from ..leir import LeirModule
 from .core import Evaluation, canonical
@@ -47,51 +46,45 @@ def time_us(module: LeirModule, device: str = "cpu", repeat: int = 3, warmup: in
     return float(measure(module, device, repeat=repeat, warmup=warmup).median_us)
 
 
-@dataclass
 class Measure:
-    """Verify-then-time evaluator of one search (see the module docstring).
+    """The verify-then-measure evaluator of one search (see the module docstring).
 
-    ``root``: the program every candidate is compared with. ``device``: ``cpu`` or
-    ``cuda`` (``stp search --device``). ``trials``/``seed``: verification trials (paper: 3).
-    ``timeout_s``: time limit of one verification. ``repeat``/``warmup``: timing
-    repetitions (paper: 3/3). ``timer``: optional ``fn(module) -> µs`` replacing
-    :func:`time_us` (for another device or a fixed measurement protocol).
-    """
+    ``root``: the program every candidate is compared with; ``name``: its name in the search
+    (the runner's program key). ``device``: ``cpu`` or ``cuda`` (``stp search --device``).
+    ``runner``: a :class:`steptp.runner.base.Runner` (default: the ``local`` runner on
+    ``device`` with ``timer``). With the local runner candidates are verified on ``device``;
+    with another (a GPU node answering later) on this CPU with the GPU preflight and CUDA code
+    generation (``gpu_check``), and again on the node. ``trials``/``seed``: verification
+    trials (paper: 3). ``timeout_s``: time limit of one verification. ``verified``: a dict
+    (canonical text -> ``{"equal", "reason"}``) kept by the caller across runs (a replayed
+    search verifies nothing twice). ``entry``: ``fn(module, steps) -> dict`` the payload a
+    remote runner ships. Raises :class:`TargetUnavailable` (``cuda`` missing with the local
+    runner) and :class:`RootFailed` (the root cannot be timed locally)."""
 
-    root: LeirModule
-    device: str = "cpu"
-    trials: int = 3
-    seed: int = 0
-    timeout_s: float = 120.0
-    repeat: int = 3
-    warmup: int = 3
-    timer: object = None
-    _verified: dict = field(default_factory=dict)
-    _times: dict = field(default_factory=dict)
-    _funcs: dict = field(default_factory=dict)
-    root_time_us: float = 0.0
+    def __init__(self, root: LeirModule, device: str = "cpu", trials: int = 3, seed: int = 0,
+                 timeout_s: float = 120.0, repeat: int = 3, warmup: int = 3, timer=None, *, runner=None,
+                 name: str | None = None, verified: dict | None = None, entry=None):
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r} (cpu or cuda)")
+        self.root, self.device, self.trials, self.seed, self.timeout_s = root, device, trials, seed, timeout_s
+        self.timer = timer
+        self.name = name or root.signature.name
+        self.verified = {} if verified is None else verified
+        self.entry = entry
+        self._funcs: dict = {}
+        if runner is None:
+            from ..runner.base import create  # noqa: PLC0415
 
-    def __post_init__(self):
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"unknown device {self.device!r} (cpu or cuda)")
-        why = cuda_problem() if self.device == "cuda" else ""
+            runner = create("local", device=device, repeat=repeat, warmup=warmup, timer=timer)
+        self.runner = runner
+        self.local = runner.kind == "local"
+        why = cuda_problem() if self.local and device == "cuda" else ""
         if why:
             raise TargetUnavailable(f"--device cuda: {why}")
         try:
-            self.root_time_us = self._time(self.root)
+            self.root_time_us = runner.root_time_us(self.name, root)
         except Exception as e:  # noqa: BLE001 - LoweringError/BuildError/ExecError of the timing build
             raise RootFailed(f"the root program cannot be timed: {' '.join(str(e).split())[:300]}") from None
-
-    def _time(self, module: LeirModule) -> float:
-        key = canonical(module)
-        hit = self._times.get(key)
-        if hit is None:
-            if self.timer is not None:
-                hit = float(self.timer(module))
-            else:
-                hit = time_us(module, self.device, repeat=self.repeat, warmup=self.warmup)
-            self._times[key] = hit
-        return hit
 
     def same_code(self, parent: LeirModule, module: LeirModule) -> bool:
         """True when ``module`` builds to the same code as ``parent`` on this device, so
@@ -120,32 +113,101 @@ class Measure:
             hit = self._funcs[key] = parse_tvmscript(perf_cpu_text(module))
         return hit
 
-    def evaluate(self, module: LeirModule) -> Evaluation:
-        """Verify ``module`` against the root (3 random + 2 ordered trials); time it when Equal. The returned
-        :class:`Evaluation` carries ``seconds`` spent per stage (verify, time)."""
-        from ..verify import verify_pair
+    def verify(self, module: LeirModule) -> dict:
+        """``{"equal", "reason"}`` of ``module`` against the root (3 random + 2 ordered
+        trials; cached by canonical text in :attr:`verified`)."""
+        from ..verify import verify_pair  # noqa: PLC0415
 
         key = canonical(module)
-        ev = Evaluation("not_equal", seconds={"verify": 0.0, "time": 0.0})
-        res = self._verified.get(key)
-        if res is None:
+        hit = self.verified.get(key)
+        if hit is None:
+            if self.local:
+                res = verify_pair(self.root, module, trials=self.trials, seed=self.seed, isolated=True,
+                                  timeout_s=self.timeout_s, gpu_check=self.device == "cuda",
+                                  device=None if self.device == "cpu" else self.device)
+            else:
+                from ..runner.pool import shared  # noqa: PLC0415
+
+                res = verify_pair(self.root, module, trials=self.trials, seed=self.seed, timeout_s=self.timeout_s,
+                                  gpu_check=True, runner=shared("verify", self.timeout_s))
+            hit = self.verified[key] = {"equal": bool(res.equal), "reason": res.reason or ("" if res.equal
+                                                                                          else "not equal")}
+        return hit
+
+    def evaluate(self, module: LeirModule) -> Evaluation:
+        """:meth:`evaluate_batch` of one single-step candidate."""
+        return self.evaluate_batch([(module, [])])[0]
+
+    def evaluate_batch(self, items: list[tuple[LeirModule, list]]) -> list[Evaluation]:
+        """Verify each ``(module, steps)`` against the root (a multi-step proposal step by
+        step: it is cut at its first step that does not verify, ``Evaluation.steps`` the steps
+        kept), then measure the Equal ones as one batch through the runner. Raises
+        :class:`steptp.runner.base.Pending` when the runner has not answered yet (nothing
+        verified is lost: :attr:`verified`)."""
+        from ..leir import parse_program  # noqa: PLC0415
+        from ..runner.base import MeasureInput, Pending  # noqa: PLC0415
+
+        evs: list[Evaluation] = []
+        todo: list[tuple[int, LeirModule, list]] = []
+        for module, steps in items:
+            ev = Evaluation("not_equal", seconds={"verify": 0.0, "time": 0.0})
             t0 = time.perf_counter()
-            res = verify_pair(self.root, module, trials=self.trials, seed=self.seed, isolated=True,
-                              timeout_s=self.timeout_s, gpu_check=self.device == "cuda",
-                              device=None if self.device == "cpu" else self.device)
+            kept = len(steps)
+            for j, st in enumerate(steps[:-1]):
+                mid = LeirModule(self.root.signature, parse_program(st["leir"]))
+                v = self.verify(mid)
+                if not v["equal"]:
+                    kept = j
+                    break
+            if steps and kept < len(steps):
+                if kept == 0:
+                    ev.reason = f"step 1 ({steps[0]['rule']}) does not verify: {self.verify(LeirModule(self.root.signature, parse_program(steps[0]['leir'])))['reason']}"
+                    ev.seconds["verify"] = time.perf_counter() - t0
+                    evs.append(ev)
+                    continue
+                module = LeirModule(self.root.signature, parse_program(steps[kept - 1]["leir"]))
+                steps = steps[:kept]
+            v = self.verify(module)
             ev.seconds["verify"] = time.perf_counter() - t0
-            self._verified[key] = res
-        ev.verify = res.to_dict()
-        if not res.equal:
-            ev.reason = res.reason or "not equal"
-            return ev
+            ev.verify = dict(v)
+            ev.steps = len(steps)
+            if not v["equal"]:
+                ev.reason = v["reason"]
+            else:
+                todo.append((len(evs), module, steps))
+            evs.append(ev)
+        if not todo:
+            return evs
         t0 = time.perf_counter()
-        try:
-            ev.time_us = self._time(module)
-        except Exception as e:  # noqa: BLE001 - a program that verifies but cannot be timed is one rejection
-            ev.status, ev.reason = "timing_failed", f"{type(e).__name__}: {str(e)[:300]}"
-            return ev
-        finally:
-            ev.seconds["time"] = time.perf_counter() - t0
-        ev.status = "equal"
-        return ev
+        inputs = [MeasureInput(f"{self.name}:{_key(canonical(m))}", self.name, self.root, m,
+                               entry=self.entry(m, st) if self.entry is not None else None) for _, m, st in todo]
+        futs = self.runner.run(inputs)
+        if not all(f.done() for f in futs):
+            raise Pending(f"{self.name}: {sum(not f.done() for f in futs)} measurement(s) pending")
+        spent = (time.perf_counter() - t0) / len(todo)
+        for (i, _, _), f in zip(todo, futs):
+            r = f.result()
+            ev = evs[i]
+            ev.seconds["time"] = spent
+            ev.status, ev.reason = r.status, r.reason
+            if r.status == "equal":
+                ev.time_us, ev.speedup = r.time_us, (r.speedup if not self.local else None)
+        return evs
+
+    def retime(self, module: LeirModule, steps: list | None = None):
+        """The runner's re-time of ``module`` against the root (:class:`MeasureResult`), or
+        raises :class:`steptp.runner.base.Pending`."""
+        from ..runner.base import MeasureInput, Pending  # noqa: PLC0415
+
+        x = MeasureInput(f"{self.name}:{_key(canonical(module))}", self.name, self.root, module, purpose="retime",
+                         entry=self.entry(module, steps or []) if self.entry is not None else None)
+        f = self.runner.run([x])[0]
+        if not f.done():
+            raise Pending(f"{self.name}: the re-time is pending")
+        return f.result()
+
+
+def _key(text: str) -> str:
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..io import write_text_atomic as _write_atomic
-from ..leir import LeirModule, save_leir
+from ..leir import LeirModule, format_program, save_leir
 from .algorithms import ALGORITHMS, DEFAULTS, run_algorithm
 from .core import Node, Search, Timer
 
@@ -61,7 +61,7 @@ class SearchConfig:
 
     algorithm: str = "greedy"
     policy: str = "engine"
-    rank: str = "random"  # random, cost, model or model:PATH (steptp.search.costmodel)
+    rank: str = "random"  # random, cost, model or model:PATH (steptp.cost_model.learned)
     device: str = "cpu"  # cpu or cuda: where candidates are verified and timed (stp search --device)
     seed: int = 0
     iterations: int | None = None
@@ -77,21 +77,22 @@ class SearchConfig:
     confirm_repeat: int = 10
     time_limit_s: float | None = None  # per program: stop and write what the search has
     screen: int = 32  # --rank model with the paper's seven: candidates screened per node by the model
+    runner: str = "local"  # local or pack (steptp.runner.base.create): where candidates are measured
 
     @property
     def rank_kind(self) -> str:
         """``random``, ``cost`` or ``model`` (without the model path), read by
-        :func:`steptp.search.costmodel.parse_rank` (``ValueError`` for anything else)."""
-        from .costmodel import parse_rank
+        :func:`steptp.cost_model.learned.parse_rank` (``ValueError`` for anything else)."""
+        from ..cost_model import parse_kind
 
-        return parse_rank(self.rank)[0]
+        return parse_kind(self.rank)[0]
 
     @property
     def rank_model(self) -> str | None:
         """The model file of ``--rank model:PATH``, else None."""
-        from .costmodel import parse_rank
+        from ..cost_model import parse_kind
 
-        return parse_rank(self.rank)[1]
+        return parse_kind(self.rank)[1]
 
     @property
     def target(self) -> str:
@@ -179,10 +180,10 @@ def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.
 
 def _eager(model, args, repeat: int, warmup: int, min_repeat_s: float) -> float:
     """Median microseconds per call of ``model(*args)`` on the CPU by the one timing loop
-    (:func:`steptp.backend.cuda_runtime.time_rounds` over :func:`steptp.runner.baseline.torch_timer`)."""
+    (:func:`steptp.runner.cuda_timing.time_rounds` over :func:`steptp.runner.baseline.torch_timer`)."""
     import statistics
 
-    from ..backend.cuda_runtime import time_rounds
+    from ..runner.cuda_timing import time_rounds
     from ..runner.baseline import torch_timer
 
     secs, _ = time_rounds([torch_timer(model, args, "cpu")], "cpu", rounds=repeat, warmup=warmup,
@@ -195,17 +196,18 @@ def _eager(model, args, repeat: int, warmup: int, min_repeat_s: float) -> float:
 # ---------------------------------------------------------------------------
 
 
-def make_scorer(cfg: SearchConfig):
-    """The scorer of ``cfg.rank`` (:func:`steptp.search.costmodel.make_scorer`) when the
+def make_scorer(cfg: SearchConfig, roots=()):
+    """The scorer of ``cfg.rank`` (:func:`steptp.cost_model.learned.make_scorer`) when the
     search screens with one (``--rank model``, or ``--algorithm evolutionary`` with any
     rank), else None. Raises :class:`SearchInputError` for a bad model file or a missing
     LightGBM."""
     if cfg.rank_kind != "model" and cfg.algorithm != "evolutionary":
         return None
-    from .costmodel import CostModelError, CostModelUnavailable, make_scorer as _make
+    from ..cost_model import create
+    from ..cost_model.learned import CostModelError, CostModelUnavailable
 
     try:
-        return _make(cfg.rank, cfg.device, cfg.seed)
+        return create(cfg.rank, cfg.device, cfg.seed, roots)
     except (CostModelError, CostModelUnavailable, ValueError) as e:
         raise SearchInputError(str(e)) from None
 
@@ -213,17 +215,16 @@ def make_scorer(cfg: SearchConfig):
 def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, scorer=None):
     """The policy ``cfg.policy`` for ``root`` (``client``: the chat client of the LLM policy).
     With ``--rank model`` and one of the paper's seven algorithms the engine policy is wrapped
-    in a :class:`~steptp.search.costmodel.ScreeningPolicy` (``cfg.screen`` candidates
-    screened per node by ``scorer``); ``evolutionary`` screens by itself."""
-    from ..policy import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy
+    in a :class:`~steptp.policy.ScreeningPolicy` (``cfg.screen`` candidates
+    screened per node by ``scorer``); ``evolutionary`` screens by itself. On ``cuda`` the
+    engine also proposes its multi-step proposals (:mod:`steptp.engine.macros`)."""
+    from ..policy import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy, ScreeningPolicy
 
     if cfg.policy == "engine":
         static = cfg.rank_kind == "cost" and cfg.algorithm != "evolutionary"
         pol = EnginePolicy(rules, rank="cost" if static else "random", seed=cfg.seed, per_rule=cfg.per_rule,
-                           target=cfg.device, skip_binding_only=cfg.device == "cpu")
+                           target=cfg.device, skip_binding_only=cfg.device == "cpu", macros=cfg.device == "cuda")
         if cfg.rank_kind == "model" and cfg.algorithm != "evolutionary" and scorer is not None:
-            from .costmodel import ScreeningPolicy
-
             return ScreeningPolicy(pol, scorer, cfg.screen)
         return pol
     if cfg.policy == "replay":
@@ -278,13 +279,21 @@ def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: flo
 
 
 def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=None, rules=None,
-                   name: str | None = None, timer=None) -> dict:
+                   name: str | None = None, timer=None, runner=None) -> dict:
     """Search one program (a path to ``.leir``/``.py``, or a LeirModule) and write
     ``summary.json``, ``best.leir`` and ``tree.jsonl`` into ``outdir``; returns the summary.
-    ``timer``: optional ``fn(module) -> µs`` replacing the default timing."""
+    ``timer``: optional ``fn(module) -> µs`` replacing the default timing. ``runner``: a
+    :class:`steptp.runner.base.Runner` (default: the ``local`` runner on ``cfg.device``).
+
+    With a runner that answers later (``pack``) the search may stop at a batch whose
+    measurements are pending: it then saves its caches (:class:`steptp.search.replay.SearchCache`)
+    and returns ``{"program", "status": "pending"}`` without a summary; run again once the
+    runner has the results, it replays from the start (:mod:`steptp.search.replay`) and goes on."""
     from tqdm import tqdm
 
+    from ..runner.base import Pending, create
     from .evaluate import Measure, RootFailed
+    from .replay import CachedPolicy, SearchCache
 
     if cfg.algorithm not in ALGORITHMS:
         raise SearchInputError(f"unknown algorithm {cfg.algorithm!r}; one of {', '.join(ALGORITHMS)}")
@@ -302,13 +311,19 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     name = name or root.signature.name
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
+    if runner is None:
+        runner = create("local", device=cfg.device, timer=timer, retime_rounds=max(1, cfg.confirm_repeat))
+    cache = SearchCache(out, {"root": root.text(), "algorithm": cfg.algorithm, "params": cfg.algorithm_params(),
+                              "policy": cfg.policy, "rank": cfg.rank, "seed": cfg.seed, "per_rule": cfg.per_rule,
+                              "device": cfg.device, "runner": runner.kind})
+    entry = _entry_fn(name, root, source if tr is not None else None, cfg.seed) if runner.kind != "local" else None
     try:
         measure = Measure(root, device=cfg.device, trials=cfg.trials, seed=cfg.seed, timeout_s=cfg.timeout_s,
-                          timer=timer)
+                          timer=timer, runner=runner, name=name, verified=cache.verified, entry=entry)
     except RootFailed as e:
         raise SearchInputError(f"{source}: {e}") from None
-    scorer = make_scorer(cfg)
-    policy = make_policy(cfg, root, client, rules, scorer)
+    scorer = make_scorer(cfg, [root.text()])
+    policy = CachedPolicy(lambda: make_policy(cfg, root, client, rules, scorer), cache.proposals, root.signature)
     bar = tqdm(desc=f"{name} {cfg.algorithm}", unit="sample", disable=not cfg.progress, leave=False)
     deadline = time.monotonic() + cfg.time_limit_s if cfg.time_limit_s else None
     s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar, scorer=scorer, deadline=deadline)
@@ -316,31 +331,45 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     try:
         params = cfg.algorithm_params()
         run_algorithm(cfg.algorithm, s, **params)
+    except Pending:
+        cache.save()
+        return {"program": name, "status": "pending"}
     except KeyboardInterrupt:
         s.request_stop("interrupted (SIGINT)")  # keep what the search has: the summary below
     finally:
         restore()
         bar.close()
-        close = getattr(policy, "close", None)
-        if close is not None:
-            close()
+        policy.close()
+    s.root.time_us = s.root.time_us or measure.runner.root_time_us(name, root)
     summary = summarize(s, cfg, name, source, time.perf_counter() - t_start)
+    summary["runner"] = runner.kind
     summary["speedup_best_sample"] = summary["speedup"]
     if s.stop_reason:
         summary["stopped"] = s.stop_reason
     signalled = s.stop_reason.startswith(SIGNALLED)
+    retime = None
     if signalled and s.best.id != 0:
         # no time to re-time after a signal: the best sample is kept, never reported as a speedup
         summary["speedup"] = 1.0
         summary["best"]["speedup"] = 1.0
         summary["unconfirmed_best"] = summary["speedup_best_sample"]
-    elif s.best.id != 0 and timer is None and cfg.confirm_repeat:
-        summary["confirmed"] = c = confirm(root, s.best.module, cfg.device, cfg.confirm_repeat)
+    elif s.best.id != 0 and (timer is None or runner.kind != "local") and cfg.confirm_repeat:
+        try:
+            retime = measure.retime(s.best.module, s.best.steps)
+        except Pending:
+            cache.save()
+            return {"program": name, "status": "pending"}
+        summary["confirmed"] = c = confirmed_record(retime, cfg.confirm_repeat)
         # the headline is the re-time, and only an improvement that the interval supports
         summary["speedup"] = c["speedup"] if c.get("verdict") == "faster" else 1.0
         summary["best"]["speedup"] = summary["speedup"]
         summary["efficiency"] = summary["speedup"] / summary["samples"] if summary["samples"] else 0.0
-    if tr is not None and cfg.device == "cpu":
+        if c.get("verdict") != "faster":
+            summary["reason"] = (f"the re-time did not reproduce a speedup (interval {c.get('ci')})"
+                                 if retime.status == "equal" else f"the re-time failed: {retime.reason}")
+    if runner.kind != "local":
+        summary.update(_remote_fields(runner, s, retime, summary))
+    elif tr is not None and cfg.device == "cpu":
         try:
             eager = eager_time_us(tr)
             summary["eager_time_us"] = eager
@@ -354,16 +383,76 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
                                                                 if cfg.rank_kind == "model" else {}),
                              **{k: (round(v, 3) if isinstance(v, float) else v)
                                 for k, v in (getattr(scorer, "stats", None) or {}).items()}}
-    if hasattr(policy, "log"):
-        summary["llm_requests"] = policy.log
-    if getattr(policy, "skipped", None):
-        summary["skipped_candidates"] = dict(policy.skipped)
+    inner = policy.inner
+    if hasattr(inner, "log"):
+        summary["llm_requests"] = inner.log
+    if getattr(inner, "skipped", None):
+        summary["skipped_candidates"] = dict(inner.skipped)
     best = s.best
     save_leir(LeirModule(root.signature, best.module.program), out / "best.leir")
     save_leir(root, out / "root.leir")
     _write_atomic(out / "tree.jsonl", "".join(json.dumps(n.record()) + "\n" for n in s.nodes))
     _write_atomic(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def confirmed_record(r, repeat: int) -> dict:
+    """The summary's ``confirmed`` record of a runner's re-time (:class:`steptp.runner.base.MeasureResult`):
+    ``{repeat, root_time_us, best_time_us, speedup, ci, verdict}`` or ``{error}``."""
+    if r.status != "equal" or r.speedup is None:
+        return {"error": r.reason or r.status}
+    return {"repeat": r.extra.get("rounds", repeat), "root_time_us": r.root_us, "best_time_us": r.time_us,
+            "speedup": r.speedup, "ci": list(r.ci) if r.ci else None, "verdict": r.verdict}
+
+
+def _remote_fields(runner, s: Search, retime, summary: dict) -> dict:
+    """A remote runner's extra summary fields: ``rounds`` (complete rounds of the run), the
+    node's device, PyTorch eager's time and the speedup over it (``eager_us / root_us`` timed
+    interleaved on the node, times the re-timed ``root / best``; null with ``eager_reason``)."""
+    extra = (retime.extra if retime is not None else {}) or {}
+    if not extra.get("eager"):
+        for n in s.nodes:  # the eager timing of any measured candidate's record
+            r = getattr(runner, "result", None)
+            rec = r(f"{summary['program']}:{_hash(n.text)}") if r and n.status == "equal" else None
+            if rec is not None and rec.extra.get("eager"):
+                extra = rec.extra
+                break
+    eager = extra.get("eager") or {}
+    out = {"rounds": getattr(runner, "rounds_done", None), "gpu_device": extra.get("device"),
+           "eager_us": eager.get("eager_us"), "compile_us": eager.get("compile_us"), "speedup_vs_eager": None,
+           "eager_reason": ""}
+    if eager.get("eager_us") and eager.get("original_us"):
+        out["speedup_vs_eager"] = float(eager["eager_us"]) / float(eager["original_us"]) * float(summary["speedup"])
+    else:
+        out["eager_reason"] = ("the node did not time PyTorch eager (no torch there, or the program is not from a "
+                               ".py file)")
+    return out
+
+
+def _hash(text: str) -> str:
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _entry_fn(name: str, root: LeirModule, source: str | None, seed: int):
+    """``fn(module, steps) -> entry``: the dataset-format entry a pack is built from
+    (:func:`steptp.gpu.pack.collect` reads it): the root as the original, so every timing on
+    the node is a speedup over the root; the ``.py`` source when the program came from one, so
+    the node times PyTorch eager beside it."""
+    from ..llm.prompts import signature_dict
+
+    sig = signature_dict(root)
+    orig = format_program(root.program)
+    src = str(Path(source).resolve()) if source else None
+
+    def entry(module: LeirModule, steps: list) -> dict:
+        text = format_program(module.program)
+        return {"id": f"{name}:{_hash(text)}", "program": name, "signature": sig,
+                "strategy": {"id": steps[-1]["rule"] if steps else ""}, "original": {"leir": orig},
+                "transformed": {"leir": text}, "seed": seed, "source": src, "verification": {"equal": True}}
+
+    return entry
 
 
 def _stop_on_sigterm(s: Search):
@@ -407,7 +496,7 @@ def _unique_names(paths: list[Path]) -> list[str]:
 
 
 def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=None, single_dir: bool | None = None,
-                on_error=None, run_info: dict | None = None) -> list[dict]:
+                on_error=None, run_info: dict | None = None, write_pack=None, workers: int = 1) -> list[dict]:
     """Search every program of ``inputs`` (see :func:`collect_programs`); each one's files
     go to ``OUTDIR/<program stem>/`` (or ``OUTDIR`` itself when there is one program file
     and ``single_dir`` is not False). Programs whose ``summary.json`` exists are skipped
@@ -418,23 +507,35 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
     (:func:`run_summary`). ``on_error(path, message)`` is called for a program that fails
     (default: raise); a single program that is bad input (:class:`SearchInputError`) and an
     unavailable device (:class:`TargetUnavailable`) raise anyway. ``run_info``: a dict to
-    update with the run summary."""
+    update with the run summary.
+
+    ``cfg.runner``: ``local`` or ``pack`` (:func:`steptp.runner.base.create`; ``write_pack``:
+    the pack builder ``fn(round_dir, pack_dir)``). With ``pack`` every program's search runs
+    until its next batch is pending; the pending batches of all programs are written as one
+    round (``OUTDIR/rounds/<k>/``) and ``run_info["waiting"]`` says where (the CLI exits 3);
+    the same call again, with the node's results in place, replays and goes on. ``workers``:
+    programs searched in parallel processes (``pack`` only: timing on this machine in parallel
+    would measure the contention)."""
     from tqdm import tqdm
 
     from ..rules import load_rules
+    from ..runner.base import create
     from .evaluate import TargetUnavailable
 
     paths = collect_programs(inputs)
     out = Path(outdir)
     if single_dir is None:
-        single_dir = len(paths) == 1 and Path(inputs[0]).is_file()
+        single_dir = len(paths) == 1 and Path(inputs[0]).is_file() and cfg.runner == "local"
+    runner = (create("pack", out=out, write_pack=write_pack) if cfg.runner == "pack" else
+              create("local", device=cfg.device, retime_rounds=max(1, cfg.confirm_repeat)))
     rules = load_rules()
     summaries = []
     failed: list[dict] = []
+    pending: list[str] = []
     stopped = ""
     names = _unique_names(paths)
-    for path, nm in tqdm(list(zip(paths, names)), desc="programs", unit="program",
-                         disable=not cfg.progress or len(paths) == 1):
+    todo = []
+    for path, nm in zip(paths, names):
         d = out if single_dir else out / nm
         done = d / "summary.json"
         if done.exists():
@@ -445,29 +546,74 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
                     continue
             except (OSError, json.JSONDecodeError):
                 pass  # an unreadable summary, or one cut short by a signal: search again
-        try:
-            sm = search_program(path, d, cfg, client=client, rules=rules)
-            summaries.append(sm)
-            if str(sm.get("stopped", "")).startswith(SIGNALLED):
-                stopped = sm["stopped"]
-                break  # a signal stops the run, not only this program: report what there is
-        except TargetUnavailable:
-            raise  # the machine, not the program: every other program would fail the same way
-        except Exception as e:  # noqa: BLE001 - one program's failure must not stop the others
-            bad_input = isinstance(e, SearchInputError)
+        todo.append((path, nm, d))
+
+    def outcome(path, res) -> bool:
+        nonlocal stopped
+        if isinstance(res, BaseException):
+            if isinstance(res, TargetUnavailable):
+                raise res  # the machine, not the program: every other program would fail the same way
+            bad_input = isinstance(res, SearchInputError)
             if on_error is None or (bad_input and len(paths) == 1):
-                raise
-            msg = str(e) if bad_input else f"{path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                raise res
+            msg = str(res) if bad_input else f"{path}: {type(res).__name__}: {' '.join(str(res).split())[:300]}"
             failed.append({"program": str(path), "error": msg, "internal": not bad_input})
             on_error(path, msg)
+            return True
+        if res.get("status") == "pending":
+            pending.append(res["program"])
+            return True
+        summaries.append(res)
+        if str(res.get("stopped", "")).startswith(SIGNALLED):
+            stopped = res["stopped"]
+            return False  # a signal stops the run, not only this program: report what there is
+        return True
+
+    if workers > 1 and cfg.runner == "pack" and len(todo) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=mp.get_context("spawn")) as pool:
+            futs = [(path, pool.submit(_advance_remote, str(path), str(d), cfg, str(out))) for path, _, d in todo]
+            for path, f in tqdm(futs, desc="programs", unit="program", disable=not cfg.progress):
+                try:
+                    res, entries = f.result()
+                except Exception as e:  # noqa: BLE001 - one program's failure must not stop the others
+                    res, entries = e, {}
+                runner.add_pending(entries)
+                outcome(path, res)
+    else:
+        for path, nm, d in tqdm(todo, desc="programs", unit="program", disable=not cfg.progress or len(paths) == 1):
+            try:
+                res = search_program(path, d, cfg, client=client, rules=rules, runner=runner)
+            except Exception as e:  # noqa: BLE001 - one program's failure must not stop the others
+                res = e
+            if not outcome(path, res):
+                break
     info = run_summary(len(paths), len(summaries), failed)
     if stopped:
         info["stopped"] = stopped
+    if pending:
+        info["pending"] = sorted(pending)
+        info["waiting"] = runner.submit()
     write_report(out, info)
     _write_atomic(out / "run_summary.json", json.dumps(info, indent=1) + "\n")
     if run_info is not None:
         run_info.update(info)
     return summaries
+
+
+def _advance_remote(path: str, outdir: str, cfg: SearchConfig, out: str) -> tuple:
+    """One program's search in a worker process of :func:`search_many` (``pack`` runner):
+    ``(summary or {"status": "pending"} or the exception, the pending entries)``."""
+    from ..runner.base import create
+
+    runner = create("pack", out=out, write_pack=None)
+    try:
+        res = search_program(path, outdir, cfg, runner=runner)
+    except Exception as e:  # noqa: BLE001 - handed to the parent, which reports it
+        res = e
+    return res, runner.pending_entries()
 
 
 def run_summary(programs: int, searched: int, failed: list[dict]) -> dict:

@@ -1,5 +1,5 @@
 """A learned cost model of LEIR programs (TVM MetaSchedule's ``XGBModel``, with LightGBM):
-gradient-boosted trees over program features (:mod:`steptp.search.features`) that predict
+gradient-boosted trees over program features (:mod:`steptp.cost_model.features`) that predict
 how much faster a candidate runs than its base program, trained on measured pairs.
 
 Model: ``f(x_base, x_cand) -> log(t_base / t_cand)`` (natural log of the speedup), the input
@@ -32,7 +32,7 @@ groups with at least two distinct measurements.
 Scorers (``score(node, proposals) -> [predicted log speedup over node]``, used by
 :class:`ScreeningPolicy` and the ``evolutionary`` algorithm): :class:`ModelScorer` (the
 learned model; before it has a model or enough online samples it falls back to the static
-model), :class:`CostScorer` (the static roofline model, :mod:`steptp.search.cost`),
+model), :class:`CostScorer` (the static roofline model, :mod:`steptp.cost_model.static`),
 :class:`RandomScorer` (seeded noise: the baseline).
 
 LightGBM is optional (``pip install 'steptp[costmodel]'``); :func:`require_lightgbm` raises
@@ -410,10 +410,10 @@ def evaluate(groups: dict[str, list[tuple[str, float]]], score, k: int = 3) -> d
 
 
 def static_score(target: str = "cpu"):
-    """``score(base, cands)`` of the static model (:func:`steptp.search.cost.static_scores`)
+    """``score(base, cands)`` of the static model (:func:`steptp.cost_model.static.static_scores`)
     over program texts or parsed programs: ln(est(base) / est(cand))."""
     from ..leir import parse_program
-    from .cost import static_scores
+    from .static import static_scores
 
     def score(base, cands):
         return static_scores(parse_program(base) if isinstance(base, str) else base,
@@ -441,19 +441,36 @@ class RandomScorer:
     def __init__(self, seed: int = 0):
         self.seed = seed
 
+    def predict(self, base: A.Program, programs: list[A.Program]) -> list[float]:
+        """A seeded random number in [0, 1) per program (a function of the seed and both texts)."""
+        from ..leir import format_program
+
+        b = format_program(base)
+        return [_rng(self.seed, b, format_program(p), "score").random() for p in programs]
+
+    def update(self, rows) -> None:
+        """Nothing to learn."""
+
     def score(self, node, proposals) -> list[float]:
         """A seeded random number per proposal (a function of the seed, node and program)."""
-        from .core import canonical
+        from ..leir import format_program
 
-        return [_rng(self.seed, node.text, canonical(p.module), "score").random() for p in proposals]
+        return [_rng(self.seed, node.text, format_program(p.module.program), "score").random() for p in proposals]
 
 
 class CostScorer:
-    """The static roofline model (:mod:`steptp.search.cost`): ln(est(node) / est(candidate))."""
+    """The static roofline model (:mod:`steptp.cost_model.static`): ln(est(node) / est(candidate))."""
 
     def __init__(self, target: str = "cpu"):
         self.target = target
         self._score = static_score(target)
+
+    def predict(self, base: A.Program, programs: list[A.Program]) -> list[float]:
+        """ln(est(base) / est(program)) of the static model for ``self.target``."""
+        return list(self._score(base, programs))
+
+    def update(self, rows) -> None:
+        """Nothing to learn (a static model)."""
 
     def score(self, node, proposals) -> list[float]:
         """Predicted ln speedup of each proposal over ``node`` by the static model (ranked
@@ -496,6 +513,26 @@ class ModelScorer:
         finally:
             self.stats["seconds"] += time.perf_counter() - t0
 
+    def predict(self, base: A.Program, programs: list[A.Program]) -> list[float]:
+        """Predicted ln speedups over ``base``: the learned model's once trained, else the
+        static model's."""
+        if not self.model.trained:
+            return self.static.predict(base, programs)
+        return list(self.model.predict(base, programs))
+
+    def update(self, rows) -> None:
+        """Add measured ``(base, program, ln speedup)`` rows (and their reverses, weighted
+        ``ONLINE_WEIGHT``) and refit once ``min_samples`` rows are in."""
+        for a, b, ls in rows:
+            fa, fb = features_of(a, self.target), features_of(b, self.target)
+            self.model.add_row(fa, fb, ls, ONLINE_WEIGHT)
+            self.model.add_row(fb, fa, -ls, ONLINE_WEIGHT)
+            self.stats["online_rows"] += 2
+            self.samples += 1
+        if self.samples >= self.min_samples and rows:
+            self.model.fit()
+            self.stats["refits"] += 1
+
     def observe(self, root, parent, child) -> None:
         """Learn from one timed sample ``child`` of ``parent`` (nodes with ``time_us``):
         rows parent -> child (and root -> child) with their reverses; refit every
@@ -519,57 +556,6 @@ class ModelScorer:
         self.stats["seconds"] += time.perf_counter() - t0
 
 
-class ScreeningPolicy:
-    """Screen many, propose few: asks the wrapped policy for up to ``screen`` proposals at a
-    node (e.g. every matching rule x site x parameter of the engine, up to the cap), scores
-    them with ``scorer`` and proposes the ``k`` best not proposed yet (re-scored at each call:
-    the model learns online). A node whose screened list runs out is screened again (the
-    engine then yields its further candidates). Proposals whose program was already proposed
-    anywhere, or is the node or one of its ancestors in ``history``, are dropped."""
-
-    def __init__(self, inner, scorer, screen: int = 32):
-        self.inner = inner
-        self.scorer = scorer
-        self.screen = screen
-        self._pool: dict[str, list] = {}
-        self._seen: set[str] = set()
-        self._dry: set[str] = set()
-
-    def propose(self, node, history, k: int):
-        """The ``k`` best-scored proposals at ``node`` (see the class docstring)."""
-        from .core import canonical
-
-        pool = self._pool.setdefault(node.text, [])
-        if len(pool) < k and node.text not in self._dry:
-            fresh = list(self.inner.propose(node, history, self.screen))
-            if not fresh:
-                self._dry.add(node.text)
-            back = {node.text} | {h.text for h in history}
-            for p in fresh:
-                t = canonical(p.module)
-                if t not in self._seen and t not in back:
-                    self._seen.add(t)
-                    pool.append(p)
-        if not pool:
-            return []
-        scores = self.scorer.score(node, pool)
-        order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
-        out = [pool[i] for i in order[:k]]
-        keep = set(order[k:])
-        pool[:] = [p for i, p in enumerate(pool) if i in keep]
-        return out
-
-    def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close is not None:
-            close()
-
-    def __getattr__(self, name):  # skipped / log of the wrapped policy
-        if name in ("skipped", "log"):
-            return getattr(self.inner, name)
-        raise AttributeError(name)
-
-
 def parse_rank(rank: str) -> tuple[str, str | None]:
     """``(kind, model path)`` of a ``--rank`` value: ``random``, ``cost``, ``model`` or
     ``model:PATH``; raises ``ValueError`` otherwise."""
@@ -579,9 +565,11 @@ def parse_rank(rank: str) -> tuple[str, str | None]:
     return kind, path or None
 
 
-def make_scorer(rank: str, target: str = "cpu", seed: int = 0):
+def make_scorer(rank: str, target: str = "cpu", seed: int = 0, roots=()):
     """The scorer of a ``--rank`` value (:func:`parse_rank`): RandomScorer, CostScorer or
-    ModelScorer (loading ``PATH``). Raises :class:`CostModelError` /
+    ModelScorer (loading ``PATH``; on ``cuda`` without a PATH, fitted on the shipped H200
+    samples, :func:`steptp.cost_model.samples.shipped_rows`, less the rows of the programs
+    whose root texts are in ``roots``). Raises :class:`CostModelError` /
     :class:`CostModelUnavailable` for a bad model file or a missing LightGBM."""
     kind, path = parse_rank(rank)
     if kind == "random":
@@ -589,12 +577,17 @@ def make_scorer(rank: str, target: str = "cpu", seed: int = 0):
     if kind == "cost":
         return CostScorer(target)
     model = CostModel.load(path) if path else None
+    if model is None and target == "cuda":
+        from .samples import learned_model, shipped_rows  # noqa: PLC0415
+
+        require_lightgbm()
+        model = learned_model(shipped_rows(list(roots)))
     if model is not None and model.target != target:
         raise CostModelError(f"{path}: a model for {model.target}, not {target}")
     return ModelScorer(model, target)
 
 
 __all__ = ["CostModel", "CostModelError", "CostModelUnavailable", "CostScorer", "ModelScorer", "Pair",
-           "RandomScorer", "ScreeningPolicy", "evaluate", "features_of", "kendall_tau", "load_pairs",
+           "RandomScorer", "evaluate", "features_of", "kendall_tau", "load_pairs",
            "make_scorer", "measured_groups", "pair_vector", "pairs_of", "parse_rank", "require_lightgbm",
            "static_score", "top_k_recall", "train"]

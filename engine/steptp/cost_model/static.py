@@ -30,7 +30,7 @@ For every equation instance (its enclosing loops give the iteration count ``n``)
   the loops around it, 20 ns per loop entry of an unrolled (``U``) loop saved (unrolling
   removes branch overhead).
 
-A ``cuda`` target is estimated by the GPU model instead (:mod:`steptp.search.cost_gpu`: grid
+A ``cuda`` target is estimated by the GPU model instead (:mod:`steptp.cost_model.gpu`: grid
 from ``B`` loops, occupancy, serial work and latency per thread, coalescing, one launch per
 top-level nest).
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from ..leir import ast as A
 from ..leir.analysis import index_names, self_reference_kind
-from .cost_gpu import estimate_gpu_ns
+from .gpu import estimate_gpu_ns
 from .opcount import _accesses, _ops  # noqa: F401  (re-exported: features.py reads them here)
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def _footprint(eq: A.Assign, loops: tuple[A.Loop, ...]) -> int:
 def estimate_ns(program: A.Program, target: Target | str = "cpu") -> float:
     """Estimated run time of ``program`` in nanoseconds on ``target`` (see the module
     docstring for the model); a ``cuda`` target is estimated by the GPU model
-    (:func:`steptp.search.cost_gpu.estimate_gpu_ns`: threads and blocks from ``B`` loops,
+    (:func:`steptp.cost_model.gpu.estimate_gpu_ns`: threads and blocks from ``B`` loops,
     occupancy, serial work per thread, coalescing, one launch per nest)."""
     tgt = Target.for_name(target) if isinstance(target, str) else target
     if tgt.kind == "cuda":  # the GPU model: grid, occupancy, coalescing, launches
@@ -119,7 +119,7 @@ def static_scores(base: A.Program, programs: list[A.Program], target: Target | s
     """The static ranking, the one place it is computed: predicted ln speedup of each of
     ``programs`` over ``base``, ``ln((estimate_ns(base) + 1) / (estimate_ns(p) + 1))``
     (higher is better). Used by ``EnginePolicy(rank="cost")`` (cheapest candidates first)
-    and by the static scorer (:class:`steptp.search.costmodel.CostScorer`)."""
+    and by the static scorer (:class:`steptp.cost_model.learned.CostScorer`)."""
     b = estimate_ns(base, target) + 1.0
     return [math.log(b / (estimate_ns(p, target) + 1.0)) for p in programs]
 

@@ -1,5 +1,5 @@
 """Operation and access counts of a LEIR equation, shared by the CPU and GPU cost models
-(:mod:`steptp.search.cost`, :mod:`steptp.search.cost_gpu`) and the learned model's features.
+(:mod:`steptp.cost_model.static`, :mod:`steptp.cost_model.gpu`) and the learned model's features.
 
 ``_ops`` counts arithmetic nodes: ``+ - * /`` = 1, ``// %`` = 4, ``**`` and ``exp log`` = 12,
 ``sqrt`` = 6, ``tanh erf`` = 14, ``max min abs`` and comparisons and ``if_then_else`` = 1

@@ -1,17 +1,20 @@
-"""Proposals of the round search (:mod:`steptp.search.rounds`): from one frontier program,
-single rule steps, *macro* proposals (a rule at every site in turn), *macro sequences* (rules
-in turn, each at every site, canonically) and *chains* (a step and the step it enables), every
-multi-step proposal recorded as its individual verified steps (the trajectory stays
-step-level; issue 37's "reach"). Search-algorithm code: no TVM, no HTTP (verification goes
-through :func:`steptp.verify.verify_pair`, the rules through :mod:`steptp.engine`). ``cfg``
-is the search's :class:`steptp.search.rounds.RoundConfig`, ``node`` a frontier
-:class:`steptp.search.rounds.Node` (this module does not import them: rounds imports it)."""
+"""Multi-step engine proposals (issue 37's "reach", moved out of the round search): *macros*
+(one rule applied at every site in turn), *macro sequences* (rules in turn, each at every site,
+canonically) and *chains* (a step and the step it enables). Each is a list of single rule
+applications, recorded step by step: the proposer (:class:`steptp.policy.EnginePolicy`) offers
+it as one proposal with its intermediate programs, and the search verifies every step against
+the root before the last is measured (a step that does not verify ends the proposal there), so
+trajectories stay step-level. No verification, TVM or search code here: the rules through
+:mod:`steptp.engine`, the chains' order by the static GPU model (:mod:`steptp.cost_model`).
+
+:func:`macro_proposals` is what the engine service's worker runs
+(:func:`steptp.engine.service.macro_candidates`)."""
 
 from __future__ import annotations
 
 import random
 
-from ..leir.fileformat import LeirModule, parse_leir
+from ..leir.fileformat import LeirModule
 
 #: Rules proposed as "apply at every site" macros besides their single steps.
 MACRO_RULES = ("loop_binding", "operator_fusion", "loop_fusion", "epilogue_fusion")
@@ -63,120 +66,6 @@ MACRO_SEQUENCES = (("loop_binding", "operator_fusion", "epilogue_fusion"),
 #: (split-K: a GEMM's 1078-long reduction serial in one block of 55 threads). The follow-up
 #: step is taken only in the nests the first step changed.
 CHAINS = {"thread_block_rebinding": ("reduction_thread_binding",), "reduction_factorization": ("loop_binding",)}
-
-
-def _verify(root: LeirModule, cand: LeirModule, cfg) -> bool:
-    from ..runner.pool import shared  # noqa: PLC0415
-    from ..verify import verify_pair  # noqa: PLC0415
-
-    res = verify_pair(root, cand, seed=cfg.seed, timeout_s=cfg.timeout_s, runner=shared("verify", cfg.timeout_s))
-    return bool(res.ok)
-
-
-def _step(rule_id: str, step) -> dict:
-    """The trajectory record of one applied step (:class:`steptp.engine.Step`)."""
-    from ..engine.service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
-
-    return {"rule": rule_id, "site": str(step.site), "params": plain(step.params)}
-
-
-def _proposals(rules, node, root: LeirModule, cfg, rng: random.Random):
-    """``(module, steps, verified)`` candidates of one frontier node: single steps (a seeded
-    sample of ``per_rule`` per rule; ``verified`` False), macro proposals (:data:`MACRO_RULES`
-    applied at every site in turn, each step kept only when it verifies; ``verified`` True),
-    chains (:data:`CHAINS`) and macro sequences (:data:`MACRO_SEQUENCES`, canonical steps)."""
-    from ..engine import NoMatch, apply_rule, list_candidates  # noqa: PLC0415
-
-    cur = LeirModule(root.signature, parse_leir(node.text).program)
-    by_id = {r.id: r for r in rules}
-    for rule in rules:
-        try:
-            cands = list_candidates(rule, cur)
-        except NoMatch:
-            continue
-        except Exception:  # noqa: BLE001 - a rule that fails on this program proposes nothing
-            continue
-        picks = rng.sample(range(len(cands)), min(cfg.per_rule, len(cands)))
-        for i in picks:
-            site, params = cands[i]
-            try:
-                step = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
-            except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
-                continue
-            yield step.after, node.steps + [_step(rule.id, step)], False
-        if rule.id in MACRO_RULES:
-            mod, steps = _macro(rule, cur, list(node.steps), root, cfg, rng)
-            if len(steps) > len(node.steps) + 1:
-                yield mod, steps, True
-        if rule.id in CHAINS:
-            yield from _chains(rule, [by_id[f] for f in CHAINS[rule.id] if f in by_id], cands, cur, node, root, cfg,
-                               rng)
-    for seq in MACRO_SEQUENCES:
-        got = run_sequence(seq, by_id, cur, list(node.steps), root, cfg, rng)
-        if got is not None and len(got[1]) > len(node.steps) + 1:
-            yield got[0], got[1], True
-
-
-def run_sequence(seq, by_id: dict, mod: LeirModule, steps: list, root: LeirModule, cfg,
-                 rng: random.Random) -> tuple[LeirModule, list] | None:
-    """One macro sequence of :data:`MACRO_SEQUENCES` from ``mod``: each step name's rule
-    (``by_id``: rule id -> rule; a name ``rule/filter`` uses that rule with the canonical
-    filter :data:`CANONICAL_FILTERS` names) applied canonically at every site in turn
-    (:func:`_macro`). Returns the last module and ``steps`` extended by the verified steps, or
-    ``None`` when a rule is missing or a filtered first step finds nothing (the rest would be
-    the sequence without it)."""
-    if not all(name.split("/")[0] in by_id for name in seq):
-        return None
-    for k, name in enumerate(seq):
-        n = len(steps)
-        mod, steps = _macro(by_id[name.split("/")[0]], mod, steps, root, cfg, rng, canonical=True,
-                            accept=CANONICAL_FILTERS.get(name))
-        if k == 0 and name in CANONICAL_FILTERS and len(steps) == n:
-            return None
-    return mod, steps
-
-
-def _macro(rule, mod: LeirModule, steps: list, root: LeirModule, cfg, rng: random.Random,
-           canonical: bool = False, accept=None) -> tuple[LeirModule, list]:
-    """``rule`` applied at every site of ``mod`` in turn (at most ``cfg.macro_steps`` steps),
-    each step verified against ``root`` (the macro stops at the first that does not verify or
-    when nothing matches): a random site and parameters each time (seeded by ``rng``), or with
-    ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
-    the first allowed parameter; with ``accept``, a filter of :data:`CANONICAL_FILTERS`, the
-    first it accepts) whose rewrite passes the GPU preflight (a site whose result
-    the preflight refuses, e.g. over the shared-memory limit, does not end the macro). Returns
-    the last module and ``steps`` extended by the trajectory records."""
-    from ..engine import apply_rule, list_candidates  # noqa: PLC0415
-
-    steps = list(steps)
-    for _ in range(cfg.macro_steps):
-        step = None
-        if canonical:
-            try:
-                cands = list_candidates(rule, mod)
-            except Exception:  # noqa: BLE001 - NoMatch: every site done
-                break
-            if accept is not None:  # outside the try: a filter's own error is a bug, not "no site"
-                cands = [c for c in cands if accept(mod.program, *c)]
-            for site, params in cands:
-                try:
-                    step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
-                    break
-                except Exception:  # noqa: BLE001 - refused by the preflight (or the rewrite): next site
-                    continue
-        else:
-            try:
-                step = apply_rule(rule, mod, seed=rng.randrange(2**31))
-            except Exception:  # noqa: BLE001 - NoMatch: every site done; preflight rejections
-                break
-        if step is None:
-            break
-        after = LeirModule(root.signature, step.after.program)
-        if not _verify(root, after, cfg):
-            break
-        mod = after
-        steps.append(_step(rule.id, step))
-    return mod, steps
 
 
 def _split_matches_previous(prog, site, params) -> bool:
@@ -231,7 +120,7 @@ def _reorder_matches_neighbour(prog, site, params) -> bool:
 def _under_blocks(prog, site) -> bool:
     """True when every loop of the kernel above loop ``site.loop`` of nest ``site.nest`` (the
     outer nests' loops, then the nest's own before it) is bound to a block axis."""
-    from ..engine.navigation import enclosing_loops, get_nest  # noqa: PLC0415
+    from .navigation import enclosing_loops, get_nest  # noqa: PLC0415
 
     outer = enclosing_loops(prog, (*site.nest, 0))  # every nest on the path, this one included
     above = outer[:len(outer) - len(get_nest(prog, site.nest).loops) + site.loop]
@@ -272,14 +161,82 @@ CANONICAL_FILTERS = {"loop_split": _split_matches_previous, "loop_reorder/match"
                      "loop_binding/grid": _block_axes_outermost, "loop_binding/rows": _rows_to_blocks}
 
 
-def _chains(rule, follow, cands, cur: LeirModule, node, root: LeirModule, cfg,
-            rng: random.Random):
+
+def _step(rule_id: str, step) -> dict:
+    """The trajectory record of one applied step (:class:`steptp.engine.Step`) with its result
+    (``leir``: canonical text, no header)."""
+    from .service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
+    from ..leir.printer import format_program  # noqa: PLC0415
+
+    return {"rule": rule_id, "site": str(step.site), "params": plain(step.params),
+            "leir": format_program(step.after.program)}
+
+
+def macro(rule, mod: LeirModule, rng: random.Random, max_steps: int = 48, canonical: bool = False,
+          accept=None) -> tuple[LeirModule, list[dict]]:
+    """``rule`` applied at every site of ``mod`` in turn (at most ``max_steps`` steps; it stops
+    when nothing matches): a random site and parameters each time (seeded by ``rng``), or with
+    ``canonical`` the first candidate of :func:`steptp.engine.list_candidates` (the first site,
+    the first allowed parameter; with ``accept``, a filter of :data:`CANONICAL_FILTERS`, the
+    first it accepts) whose rewrite passes the GPU preflight (a site whose result the preflight
+    refuses, e.g. over the shared-memory limit, does not end the macro). Returns the last
+    module and the steps (:func:`_step` records)."""
+    from . import apply_rule, list_candidates  # noqa: PLC0415
+
+    steps: list[dict] = []
+    for _ in range(max_steps):
+        step = None
+        if canonical:
+            try:
+                cands = list_candidates(rule, mod)
+            except Exception:  # noqa: BLE001 - NoMatch: every site done
+                break
+            if accept is not None:  # outside the try: a filter's own error is a bug, not "no site"
+                cands = [c for c in cands if accept(mod.program, *c)]
+            for site, params in cands:
+                try:
+                    step = apply_rule(rule, mod, seed=rng.randrange(2**31), site=site, params=params)
+                    break
+                except Exception:  # noqa: BLE001 - refused by the preflight (or the rewrite): next site
+                    continue
+        else:
+            try:
+                step = apply_rule(rule, mod, seed=rng.randrange(2**31))
+            except Exception:  # noqa: BLE001 - NoMatch: every site done; preflight rejections
+                break
+        if step is None:
+            break
+        mod = LeirModule(mod.signature, step.after.program)
+        steps.append(_step(rule.id, step))
+    return mod, steps
+
+
+def run_sequence(seq, by_id: dict, mod: LeirModule, rng: random.Random,
+                 max_steps: int = 48) -> tuple[LeirModule, list[dict]] | None:
+    """One macro sequence of :data:`MACRO_SEQUENCES` from ``mod``: each step name's rule
+    (``by_id``: rule id -> rule; a name ``rule/filter`` uses that rule with the canonical filter
+    :data:`CANONICAL_FILTERS` names) applied canonically at every site in turn (:func:`macro`).
+    Returns the last module and the steps, or ``None`` when a rule is missing or a filtered
+    first step finds nothing (the rest would be the sequence without it)."""
+    if not all(name.split("/")[0] in by_id for name in seq):
+        return None
+    steps: list[dict] = []
+    for k, name in enumerate(seq):
+        mod, more = macro(by_id[name.split("/")[0]], mod, rng, max_steps, canonical=True,
+                          accept=CANONICAL_FILTERS.get(name))
+        if k == 0 and name in CANONICAL_FILTERS and not more:
+            return None
+        steps += more
+    return mod, steps
+
+
+def chains(rule, follow, cands, cur: LeirModule, rng: random.Random, best: int) -> list[list[dict]]:
     """Two-step proposals (:data:`CHAINS`): ``rule`` at each of its sites ``cands``, then each
     rule of ``follow`` at each of its sites in the top-level nests the first step changed (the
-    step it enables); the ``per_rule`` best pairs by the static GPU model, each step verified
-    against the root; yields ``(module, steps, True)``."""
-    from ..engine import NoMatch, apply_rule, list_candidates, site_nests  # noqa: PLC0415
-    from .cost import static_scores  # noqa: PLC0415
+    step it enables); the ``best`` pairs by the static GPU model
+    (:func:`steptp.cost_model.static.static_scores` on ``cuda``), best first."""
+    from . import NoMatch, apply_rule, list_candidates, site_nests  # noqa: PLC0415
+    from ..cost_model.static import static_scores  # noqa: PLC0415
 
     pairs = []
     before = set(cur.program.nests)
@@ -288,7 +245,7 @@ def _chains(rule, follow, cands, cur: LeirModule, node, root: LeirModule, cfg,
             first = apply_rule(rule, cur, seed=rng.randrange(2**31), site=site, params=params)
         except Exception:  # noqa: BLE001 - preflight rejections, rewrite errors
             continue
-        mid = LeirModule(root.signature, first.after.program)
+        mid = LeirModule(cur.signature, first.after.program)
         changed = {k for k, n in enumerate(mid.program.nests) if n not in before}
         for frule in follow:
             try:
@@ -304,20 +261,46 @@ def _chains(rule, follow, cands, cur: LeirModule, node, root: LeirModule, cfg,
                     second = apply_rule(frule, mid, seed=rng.randrange(2**31), site=fsite, params=fparams)
                 except Exception:  # noqa: BLE001
                     continue
-                pairs.append((mid, LeirModule(root.signature, second.after.program),
-                              [_step(rule.id, first), _step(frule.id, second)]))
+                pairs.append((second.after.program, [_step(rule.id, first), _step(frule.id, second)]))
     if not pairs:
-        return
-    pred = static_scores(root.program, [p[1].program for p in pairs], "cuda")
+        return []
+    pred = static_scores(cur.program, [p[0] for p in pairs], "cuda")
     order = sorted(range(len(pairs)), key=lambda i: (-pred[i], i))
-    done = 0
-    for i in order:
-        if done >= cfg.per_rule:
-            break
-        mid, after, steps = pairs[i]
-        if _verify(root, mid, cfg) and _verify(root, after, cfg):
-            done += 1
-            yield after, node.steps + steps, True
+    return [pairs[i][1] for i in order[:best]]
 
 
-__all__ = ["MACRO_RULES", "MACRO_SEQUENCES", "CHAINS", "CANONICAL_FILTERS", "run_sequence"]
+def macro_proposals(rules, module: LeirModule, seed: int, per_rule: int = 4, max_steps: int = 48) -> list[list[dict]]:
+    """Every multi-step proposal of ``module`` as its list of steps (:func:`_step` records,
+    each with its result): a :data:`MACRO_RULES` macro (random sites, seeded) when it takes at
+    least two steps, the :data:`CHAINS` (the ``per_rule`` best pairs per rule) and the
+    :data:`MACRO_SEQUENCES` (at least two steps). Deterministic for ``seed`` and the program."""
+    from . import NoMatch, list_candidates  # noqa: PLC0415
+    from ..seeds import seeded_rng  # noqa: PLC0415
+
+    by_id = {r.id: r for r in rules}
+    out: list[list[dict]] = []
+    for rid in MACRO_RULES:
+        if rid in by_id:
+            _, steps = macro(by_id[rid], module, seeded_rng(seed, "macro", rid), max_steps)
+            if len(steps) > 1:
+                out.append(steps)
+    for rid, follow in CHAINS.items():
+        if rid not in by_id:
+            continue
+        try:
+            cands = list_candidates(by_id[rid], module)
+        except NoMatch:
+            continue
+        except Exception:  # noqa: BLE001 - a rule that fails on this program proposes nothing
+            continue
+        out += chains(by_id[rid], [by_id[f] for f in follow if f in by_id], cands, module,
+                      seeded_rng(seed, "chain", rid), per_rule)
+    for i, seq in enumerate(MACRO_SEQUENCES):
+        got = run_sequence(seq, by_id, module, seeded_rng(seed, "sequence", str(i)), max_steps)
+        if got is not None and len(got[1]) > 1:
+            out.append(got[1])
+    return out
+
+
+__all__ = ["MACRO_RULES", "MACRO_SEQUENCES", "CHAINS", "CANONICAL_FILTERS", "macro", "run_sequence", "chains",
+           "macro_proposals"]

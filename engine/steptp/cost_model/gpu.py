@@ -1,6 +1,6 @@
 """A static GPU cost model of a LEIR program: estimated run time in nanoseconds on one CUDA
 device, from the program text alone (no build, no run). ``--rank cost`` with ``--device cuda``
-(:func:`steptp.search.cost.estimate_ns` with a ``cuda`` target delegates here); it ranks
+(:func:`steptp.cost_model.static.estimate_ns` with a ``cuda`` target delegates here); it ranks
 candidates, it does not predict absolute times.
 
 Each top-level nest is one kernel launch (the backend's GPU form). For a kernel:
@@ -13,7 +13,7 @@ Each top-level nest is one kernel launch (the backend's GPU form). For a kernel:
   one), resident blocks per SM ``min(32, 2048 // (32 * warps))``, waves
   ``ceil(G / (SMs * resident blocks))``; ``occupancy`` = resident warps / 64.
 * **issue (throughput)**: every thread executes, per serial iteration of each equation, its
-  arithmetic (:func:`steptp.search.cost._ops`, 1 per ``+ - * /``, 12 per ``exp``...) plus one
+  arithmetic (:func:`steptp.cost_model.static._ops`, 1 per ``+ - * /``, 12 per ``exp``...) plus one
   instruction per memory access; warps issue at 4 warp-instructions per cycle per SM.
 * **latency**: one thread's serial chain: per iteration ``4 * ops`` cycles (dependent FP
   latency) plus the global accesses' latency (``GLOBAL_LATENCY`` cycles for the share of an

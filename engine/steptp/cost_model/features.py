@@ -1,5 +1,5 @@
 """Fixed-length features of a LEIR program for the learned cost model
-(:mod:`steptp.search.costmodel`), in the spirit of TVM MetaSchedule's per-store features
+(:mod:`steptp.cost_model.learned`), in the spirit of TVM MetaSchedule's per-store features
 (``PerStoreFeature``: loop extents and kinds, access strides, arithmetic intensity,
 vectorize / parallel / thread-binding extents, buffer scopes), computed from the LEIR AST
 alone (no build, no run).
@@ -19,7 +19,7 @@ Per equation instance (an equation with every loop around it):
   and block extents;
 * whether the equation accumulates into its target (a reduction), and whether its innermost
   loop is a reduction axis, so that consecutive iterations chain through the accumulator
-  (:func:`steptp.search.cost.serial_chain`: latency-bound on a CPU), also times log2 of that
+  (:func:`steptp.cost_model.static.serial_chain`: latency-bound on a CPU), also times log2 of that
   loop's extent (short chains overlap in the out-of-order window);
 * footprint: per access the elements its subscripts reach (the product of the extents of
   the loops whose index it uses) times the dtype size, summed per equation and, per tensor
@@ -34,7 +34,7 @@ blocks of a candidate): sums of the extensive figures (operations, bytes, iterat
 fork/joins, nests, equations) in log2, iteration-weighted means of the intensive ones
 (vectorised fraction, contiguous / strided / invariant fractions, scope fractions …) and
 maxima of a few (depth, innermost extent), plus the static model's estimate
-(:func:`steptp.search.cost.estimate_ns`, log2 ns). :data:`FEATURE_NAMES` names the entries;
+(:func:`steptp.cost_model.static.estimate_ns`, log2 ns). :data:`FEATURE_NAMES` names the entries;
 :func:`program_features` returns a ``list[float]`` of that length.
 """
 
@@ -45,12 +45,12 @@ import math
 from ..leir import ast as A
 from ..backend.preflight import linear_form
 from ..leir.analysis import index_names, is_self_referencing
-from .cost import Target, _accesses, _ops, estimate_ns, serial_chain
+from .static import Target, _accesses, _ops, estimate_ns, serial_chain
 
 _TRANSCENDENTAL = {"exp", "log", "sqrt", "tanh", "erf"}
 
 #: Names of the program features, in order (see the module docstring). The first, the static
-#: model's estimate, is also the learned model's prior (:mod:`steptp.search.costmodel`): keep it first.
+#: model's estimate, is also the learned model's prior (:mod:`steptp.cost_model.learned`): keep it first.
 FEATURE_NAMES: tuple[str, ...] = (
     "log2_est_ns", "nests", "equations", "log2_iters", "log2_ops", "log2_bytes", "log2_intensity",
     "log2_transcendental", "log2_fork_joins", "log2_par_extent_max", "max_depth", "log2_inner_extent_max",

@@ -1,0 +1,203 @@
+"""The ``pack`` runner (:mod:`steptp.runner.base`): measurements by a GPU node reached through
+files, in rounds (TVM MetaSchedule's builder/runner split; issue 37's GPU packs).
+
+Layout under the search directory ``out``::
+
+    rounds/<k>/dictionary.jsonl   the round's entries (one per candidate, dataset format)
+    rounds/<k>/pack/              the pack built from them (``write_pack``, passed in from the
+                                  GPU front end: this layer does not import it)
+    rounds/<k>/results/           what ``python -m steptp.gpu.run PACK -o RESULTS --time
+                                  --retime-best 1`` writes on the node: ``results.jsonl`` (one
+                                  record per entry), ``retime.jsonl`` (each program's fastest
+                                  entry measured a second time in the same call)
+
+:meth:`PackRunner.run` answers from every complete round's results (a round is complete when
+every entry of its manifest has a record); an input without one is *pending* and joins the
+next round. :meth:`PackRunner.submit` writes that round (or finds it already written, with the
+same entries, by an earlier run that is still waiting) and says where the node must write its
+results. A re-time (``purpose="retime"``) is answered by the node's own second measurement of
+that entry when there is one, else by an entry ``<key>:retime`` of a later round.
+
+The node's records are read by :func:`_read_results`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from ..leir.fileformat import LeirModule
+from .base import MeasureInput, MeasureResult, RunnerFuture
+
+
+class PackError(ValueError):
+    """A round directory that cannot be read (one line; the CLI's exit 2)."""
+
+
+class PackRunner:
+    """Measure through packs (module docstring). ``out``: the search directory; ``write_pack``:
+    ``fn(round_dir, pack_dir) -> dict`` building ``pack_dir`` from ``round_dir/dictionary.jsonl``."""
+
+    kind = "pack"
+
+    def __init__(self, out: str | Path, write_pack: Callable[[Path, Path], dict]):
+        self.out = Path(out)
+        self.write_pack = write_pack
+        self._results: dict[str, dict] = {}   # entry id -> node record, every complete round
+        self._retimes: dict[str, dict] = {}   # entry id -> the node's second measurement
+        self._pending: dict[str, dict] = {}   # entry id -> entry of the next round
+        self.rounds_done = 0
+        self._load()
+
+    @property
+    def rounds_dir(self) -> Path:
+        return self.out / "rounds"
+
+    def _round_dirs(self) -> list[Path]:
+        if not self.rounds_dir.is_dir():
+            return []
+        return sorted((p for p in self.rounds_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+                      key=lambda p: int(p.name))
+
+    def _load(self) -> None:
+        for d in self._round_dirs():
+            got = _complete(d)
+            if got is None:
+                continue
+            self.rounds_done += 1
+            try:
+                recs, again = _read_results(d / "results")
+            except ValueError as e:
+                raise PackError(f"{d / 'results'}: {e}") from None
+            self._results.update(recs)
+            self._retimes.update(again)
+
+    def root_time_us(self, program: str, root: LeirModule) -> float | None:
+        """The root's smallest median timed beside any candidate of ``program`` (µs), None
+        before the first round returns."""
+        times = [r.root_us for k, r in self._parsed().items() if k.split(":", 1)[0] == program and r.root_us]
+        return min(times) if times else None
+
+    def _parsed(self) -> dict[str, MeasureResult]:
+        return {k: _measure_result(v) for k, v in self._results.items()}
+
+    def result(self, key: str, purpose: str = "search") -> MeasureResult | None:
+        """The result of entry ``key`` (a re-time: the node's second measurement, else the
+        ``<key>:retime`` entry), None while pending."""
+        if purpose == "retime":
+            rec = self._retimes.get(key) or self._results.get(f"{key}:retime")
+        else:
+            rec = self._results.get(key)
+        return None if rec is None else _measure_result(rec)
+
+    def run(self, batch: list[MeasureInput]) -> list[RunnerFuture]:
+        """Futures answered from the complete rounds; the others pending, their entries kept
+        for :meth:`submit`."""
+        out = []
+        for x in batch:
+            res = self.result(x.key, x.purpose)
+            if res is None:
+                if x.entry is None:
+                    raise ValueError(f"{x.key}: the pack runner needs the entry to ship")
+                eid = x.key if x.purpose == "search" else f"{x.key}:retime"
+                self._pending[eid] = {**x.entry, "id": eid}
+            out.append(RunnerFuture(res))
+        return out
+
+    def pending_entries(self) -> dict[str, dict]:
+        """The entries waiting for the next round (by entry id)."""
+        return dict(self._pending)
+
+    def add_pending(self, entries: dict[str, dict]) -> None:
+        """Entries another process's runner found pending (a search worker's)."""
+        self._pending.update(entries)
+
+    def submit(self) -> dict | None:
+        """Write the pending entries as the next round (or find the waiting round holding the
+        same entries); returns ``{"round", "pack", "results", "entries"}`` or None when
+        nothing is pending. A waiting round with other entries (an interrupted run that chose
+        differently, or other settings) is written again."""
+        if not self._pending:
+            return None
+        entries = [self._pending[k] for k in sorted(self._pending)]
+        dirs = self._round_dirs()
+        last = dirs[-1] if dirs else None
+        if last is not None and _complete(last) is None:
+            d = last  # a round still waiting for the node: the same place
+        else:
+            d = self.rounds_dir / str(int(last.name) + 1 if last is not None else 0)
+        _write_round(d, entries, self.write_pack)
+        return {"round": int(d.name), "pack": str(d / "pack"), "results": str(d / "results"),
+                "entries": len(entries)}
+
+
+def _by_id(path: Path) -> dict[str, dict]:
+    got = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+                got[r["id"]] = r
+            except (ValueError, KeyError, TypeError):
+                continue
+    return got
+
+
+def _read_results(d: Path) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The node's records of one round's results directory by entry id, and its second
+    measurements (``retime.jsonl``)."""
+    return _by_id(d / "results.jsonl"), _by_id(d / "retime.jsonl")
+
+
+def _measure_result(rec: dict) -> MeasureResult:
+    """What a node record says of one entry."""
+    tr, orig = rec.get("transformed") or {}, rec.get("original") or {}
+    t = rec.get("timing") or {}
+    ok = bool(tr.get("exec") and tr.get("equal") and orig.get("equal") and t.get("speedup"))
+    status = "equal" if ok else ("timing_failed" if tr.get("equal") and orig.get("equal") else "not_equal")
+    return MeasureResult(status, t.get("transformed_us"), t.get("original_us"), t.get("speedup"), t.get("ci"),
+                         t.get("verdict"), reason="" if ok else (tr.get("reason") or orig.get("reason")
+                                                                  or t.get("error") or "not measured"),
+                         extra={"device": t.get("device"), "eager": rec.get("eager")})
+
+
+def _complete(d: Path) -> bool | None:
+    """True when round ``d``'s results hold a record for every entry of its manifest, else None."""
+    res, man = d / "results" / "results.jsonl", d / "pack" / "manifest.json"
+    if not res.exists() or not man.exists():
+        return None
+    try:
+        want = {e["id"] for e in json.loads(man.read_text(encoding="utf-8")).get("entries", [])}
+    except (OSError, ValueError, KeyError) as e:
+        raise PackError(f"{man}: not a pack manifest ({e})") from None
+    got = set()
+    for line in res.read_text(encoding="utf-8").splitlines():
+        try:
+            got.add(json.loads(line)["id"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by an interruption: the node's rerun repairs it
+    return True if want <= got else None
+
+
+def _write_round(d: Path, entries: list[dict], write_pack: Callable[[Path, Path], dict]) -> None:
+    """Write ``dictionary.jsonl`` and build the pack, unless the same entries' pack is already
+    complete there (a command run again while the node has not answered)."""
+    from ..io import write_jsonl_atomic  # noqa: PLC0415
+
+    d.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries)
+    f = d / "dictionary.jsonl"
+    same = f.exists() and "".join(json.dumps(json.loads(x), sort_keys=True) + "\n"
+                                  for x in f.read_text(encoding="utf-8").splitlines() if x.strip()) == text
+    if same and (d / "pack" / "manifest.json").exists():
+        return
+    write_jsonl_atomic(f, entries)
+    for sub in ("pack", "results"):
+        if (d / sub).exists():
+            shutil.rmtree(d / sub)
+    write_pack(d, d / "pack")
+
+
+__all__ = ["PackRunner", "PackError"]
