@@ -1,6 +1,8 @@
 # stp: two entry points on a fresh machine (Python 3.11 + pip):
 #   make demo   - install into .venv and run the main job on the bundled examples
-#   make test   - install into .venv and run the test suite
+#   make test   - install into .venv and run the test suite (tests/test_docs.py builds the docs too)
+#   make docs   - build the documentation site into site/ (mkdocs build --strict)
+#   make docs-generate - regenerate the committed generated page docs/rule-language.md
 # The package is installed NON-editable, so tests exercise the shipped rules/templates.
 
 PYTHON ?= python3
@@ -10,7 +12,7 @@ STP    := $(VENV)/bin/stp
 OUT    ?= out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench bench-time clean
+.PHONY: install demo test docs docs-generate bench bench-time clean
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +39,12 @@ demo: install
 test: install
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-generate: install
+	$(STP) rules docs -o docs/rule-language.md
+
 bench: install
 	$(PY) benchmarks/bench_pipeline.py
 	$(PY) benchmarks/bench_costmodel.py
@@ -45,4 +53,4 @@ bench-time: install
 	$(PY) benchmarks/bench_time.py
 
 clean:
-	rm -rf $(VENV) build out *.egg-info engine/*.egg-info
+	rm -rf $(VENV) build out site *.egg-info engine/*.egg-info
