@@ -15,11 +15,12 @@ Exit codes: 0 success, 1 a check failed (verification, no match), 2 bad input.
 | ``timing`` | time, doctor |
 | ``search`` | search (multi-step optimisation) |
 | ``gpu`` | gpu pack / run / merge (build here, run on a GPU node) |
+| ``roofline`` | roofline (the speed of light of a program on a datasheet GPU) |
 """
 
 from __future__ import annotations
 
-from . import program, steps, data, rules, eval, timing, search, gpu  # noqa: F401,I001  (registers the commands, in --help order)
+from . import program, steps, data, rules, eval, timing, search, gpu, roofline  # noqa: F401,I001  (registers the commands, in --help order)
 from .app import app, rules_app
 
 __all__ = ["app", "rules_app", "main"]
