@@ -23,8 +23,7 @@ from steptp.engine import apply_rule, list_candidates
 from steptp.engine.apply import PreflightRejected, gpu_preflight_problems
 from steptp.leir import parse_leir
 from steptp.rules import load_rules
-from steptp.search import proposals as P
-from steptp.search import rounds as R
+from steptp.engine import macros as P
 from steptp.verify import verify_pair
 
 STP = Path(sys.executable).parent / "stp"
@@ -142,7 +141,13 @@ def test_block_fused_softmax_runs_equal_on_the_simulated_device(tmp_path):
 
 
 def _run_sequence(seq, root):
-    return P.run_sequence(seq, RULES, root, [], root, R.RoundConfig(), random.Random(0))
+    """The macro sequence from ``root``, every step verified against it (as the search does)."""
+    from steptp.leir import LeirModule, parse_program
+
+    mod, steps = P.run_sequence(seq, RULES, root, random.Random(0))
+    for st in steps:
+        assert verify_pair(root, LeirModule(root.signature, parse_program(st["leir"])), seed=0).ok, st["rule"]
+    return mod, steps
 
 
 def test_a_split_to_the_previous_nests_extents_lets_a_group_norm_fuse():

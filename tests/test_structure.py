@@ -150,10 +150,29 @@ def test_engine_imports_nothing_above_it():
     assert bad == {}, f"engine modules importing upper layers: {bad}"
 
 
+def test_policy_and_cost_models_import_nothing_from_the_search():
+    """The search sits above the policies and the cost models (issue 45: MetaSchedule's
+    SearchStrategy uses a CostModel, never the reverse)."""
+    g = import_graph(with_packages=True)
+    bad = {m: sorted(d for d in deps if _below(d, ("steptp.search",))) for m, deps in g.items()
+           if _below(m, ("steptp.policy", "steptp.cost_model"))}
+    bad = {m: d for m, d in bad.items() if d}
+    assert bad == {}, f"policy/cost_model modules importing the search: {bad}"
+    assert any(_below(m, ("steptp.cost_model",)) for m in g), "no steptp.cost_model package"
+
+
+def test_one_search_node_and_one_proposer():
+    """One search-node class and one proposer (issue 45: the round search had its own Node and
+    its own proposer beside the policy)."""
+    found = definitions({"Node", "Search", "EnginePolicy"})
+    assert found["Node"] == ["steptp.search.core"], found
+    assert found["Search"] == ["steptp.search.core"] and found["EnginePolicy"] == ["steptp.policy"], found
+
+
 def test_layer_checks_see_a_bad_import():
     """The layer test reads function-level imports: a fabricated graph with one lazy upward
     edge is caught by the same predicate."""
-    assert _below("steptp.verify", UPPER) and _below("steptp.cost_model.static", UPPER)
+    assert _below("steptp.verify", UPPER) and _below("steptp.search.run", UPPER)
     assert not _below("steptp.runner.device", UPPER) and not _below("steptp.policyx", ("steptp.policy",))
 
 

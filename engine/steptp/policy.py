@@ -338,6 +338,10 @@ class EnginePolicy:
             if ranked is None:
                 from .cost_model.static import static_scores
 
+                # ties broken by a draw of the program alone: the ranking does not depend on the
+                # call that computes it (a replayed search computes it later, issue 45)
+                order = list(range(len(cands)))
+                seeded_rng(self.seed, key, "rank").shuffle(order)
                 props = [p for p in (self._indexed(module, cands, i) for i in order) if p is not None]
                 scores = static_scores(module.program, [p.module.program for p in props], self.target)
                 # highest predicted speedup (lowest estimate) first; the seeded order breaks ties
