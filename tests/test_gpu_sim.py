@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from steptp.backend import cuda_runtime as cr
+from steptp.runner import cuda_timing as ct
 from steptp.backend.hardware import H100
 from steptp.leir import load_leir, parse_leir
 from steptp.resources import rules_dir
@@ -121,16 +122,16 @@ def test_cuda_measurements_start_from_a_flushed_l2(sim, monkeypatch):
     from steptp.backend.perf import _params, build_perf_cpu
 
     monkeypatch.setenv("STP_CUDA_SIM_L2_BYTES", str(32 << 20))
-    assert cr.l2_cache_bytes() == 32 << 20 and cr.l2_flush_bytes("cuda") == 64 << 20 and cr.l2_flush_bytes("cpu") == 0
+    assert cr.l2_cache_bytes() == 32 << 20 and ct.l2_flush_bytes("cuda") == 64 << 20 and ct.l2_flush_bytes("cpu") == 0
     monkeypatch.delenv("STP_CUDA_SIM_L2_BYTES")
-    assert cr.l2_flush_bytes("cuda") == 2 * cr.SIM_L2_BYTES
+    assert ct.l2_flush_bytes("cuda") == 2 * cr.SIM_L2_BYTES
     monkeypatch.setenv("STP_CUDA_SIM_L2_BYTES", str(32 << 20))
     m = parse_leir("% program: stream\n% input A: f32[1024,2048]\n% output C: f32[1024,2048]\n"
                    "L^{1024}_{a=0}V^{2048}_{b=0}[C^{f32,g}_{a,b}=A^{f32,g}_{a,b}*2.0;];\n")
     mod = build_perf_cpu(m).executable.mod
     args = cr.device_args(_params(m), "cpu", {"A": np.ones((1024, 2048), "float32")})
-    warm = statistics.median(cr.time_function(mod, "cuda", args, number=1, repeat=15, flush_bytes=0))
-    cold = statistics.median(cr.time_function(mod, "cuda", args, number=1, repeat=15))  # the default: L2 flushed
+    warm = statistics.median(ct.time_function(mod, "cuda", args, number=1, repeat=15, flush_bytes=0))
+    cold = statistics.median(ct.time_function(mod, "cuda", args, number=1, repeat=15))  # the default: L2 flushed
     assert cold > 1.3 * warm, (cold, warm)
 
 

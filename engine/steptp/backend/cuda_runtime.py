@@ -22,15 +22,10 @@ Recipe (notes §3.5, seen working on an H100 with CUDA 13.0, driver 580):
 3. ``tvm_ffi.load_module("kernel.so")["main"](*tensors)`` with device tensors allocated by
    the runtime (``runtime.TVMTensorAllocWithScope``) and filled by
    ``runtime.TVMTensorCopyFromBytes`` (:func:`run_module`).
-4. Timing (:func:`time_function`): TVM's ``time_evaluator`` (the global function
-   ``runtime.RPCTimeEvaluator`` behind ``tvm.runtime.Module.time_evaluator``; notes §4):
-   ``repeat`` results, each the mean of ``number`` calls in seconds, after one warm-up
-   call; on CUDA each measurement is bracketed by device synchronisation (TVM uses the
-   device's timer) and starts from a flushed L2 cache (``cache_flush_bytes``: twice the
-   device's L2 written before each measurement, :func:`l2_flush_bytes`), so one program of
-   an interleaved pair does not run on data the other left in L2. The same functions run on
-   ``cpu`` with an exported llvm library, which is how they are tested on machines without
-   a GPU.
+4. Timing: TVM's ``time_evaluator`` (``runtime.RPCTimeEvaluator``), the L2 flush before each
+   measurement and the interleaved rounds live in :mod:`steptp.runner.cuda_timing` (the one
+   timing loop, issue 45); this module gives it the device facts (:func:`l2_cache_bytes`),
+   :func:`sync` and the simulated device's sticky error.
 
 **Simulated device** (``STP_CUDA_SIM=1``, :func:`simulated`; tests and CI on machines without
 a GPU): everything above the driver is the real code (GPU-form lowering, TVM's CUDA
@@ -57,10 +52,8 @@ import glob
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -264,16 +257,6 @@ def l2_cache_bytes(index: int = 0) -> int | None:
         return int(v) if v.isdigit() else SIM_L2_BYTES
     got = _device_attributes(index, 38)
     return None if got is None else got[0]
-
-
-def l2_flush_bytes(device: str) -> int:
-    """Bytes :func:`time_function` writes on ``device`` before each measurement to evict its
-    L2 cache: twice :func:`l2_cache_bytes` on ``cuda`` (the usual GPU benchmarking protocol,
-    e.g. Triton's ``do_bench``), 0 on ``cpu`` (CPU timings keep warm caches, as
-    MetaSchedule's default CPU runner does)."""
-    if device != "cuda":
-        return 0
-    return 2 * (l2_cache_bytes() or 0)
 
 
 def arch_level(arch: str) -> int | None:
@@ -894,100 +877,8 @@ def run_module(built: Built, input_sets: Sequence[Mapping[str, np.ndarray]], mod
     return outs
 
 
-def time_function(module, device: str, args: Sequence, *, number: int, repeat: int, min_repeat_ms: float = 0.0,
-                  func: str = "main", flush_bytes: int | None = None) -> list[float]:
-    """TVM ``time_evaluator`` of ``module[func](*args)`` on ``device``: one warm-up call,
-    then ``repeat`` measurements, each the mean time of ``number`` consecutive calls, in
-    **seconds**; ``min_repeat_ms`` > 0 lets TVM raise ``number`` until one measurement lasts
-    that long. Before each measurement TVM writes ``flush_bytes`` bytes on the device
-    (``cache_flush_bytes``; default :func:`l2_flush_bytes`: the L2 cache on ``cuda``, nothing
-    on ``cpu``, where caches stay warm); the flush is not timed. Source:
-    ``tvm.runtime.Module.time_evaluator`` (apache-tvm 0.27,
-    ``runtime.RPCTimeEvaluator``; notes §4). Raises :class:`ExecError` on a fault."""
-    if flush_bytes is None:
-        flush_bytes = l2_flush_bytes(device)
-    dev = _device(device)
-    try:
-        if device == "cuda" and _SIM_STICKY:
-            raise ExecError(f"CUDA error: an illegal memory access was encountered (simulated sticky error, first "
-                            f"raised by {_SIM_STICKY[0]})")
-        feval = _global("runtime.RPCTimeEvaluator")(module, func, dev.dlpack_device_type(), dev.index, int(number),
-                                                    int(repeat), int(min_repeat_ms), 100, 0, 1, int(flush_bytes), "")
-        blob = feval(*args)
-    except ExecError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise ExecError(f"timing failed on {device}: {_short(e)}") from None
-    return list(struct.unpack("@" + "d" * int(repeat), bytes(blob)))
-
-
-
-def time_rounds(fns: Sequence[tuple], device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
-                max_number: int = 1_000_000, number: int | None = None) -> tuple[list[list[float]], list[int]]:
-    """The one calibrated timing loop of the package, for one or more loaded functions on
-    ``device``; each of ``fns`` is ``(module, func name, args)``, or a *timer*: a callable
-    ``timer(number) -> seconds per call`` that makes one measurement of ``number`` calls
-    itself (the PyTorch baselines: :func:`steptp.runner.baseline.torch_timer`, which flushes
-    the L2 and times with CUDA events on ``cuda``; its warm-up calls are ``timer(1)``).
-
-    ``warmup`` calls of each; then a number of calls per measurement *for each function*: with
-    ``min_repeat_ms`` > 0 enough that one measurement of it lasts that many milliseconds
-    (probed with 3 single calls; at least ``number`` when given, at most ``max_number``), as
-    TVM's ``time_evaluator`` calibrates each function; else ``number`` (1 when None). (One
-    number for all, fitted to the fastest, ran a 10 ms original 80 times per measurement
-    beside a 24 µs candidate: 3 s per GPU pack entry on an H200.) Then ``rounds`` rounds of
-    one :func:`time_function` measurement of each, the order reversed every other round (A B,
-    B A, A B ...: drift hits all alike; on ``cuda`` each measurement starts from a flushed L2,
-    :func:`l2_flush_bytes`). Returns (seconds per call, one list per function with one value
-    per round; the number of calls per measurement of each function). Used by
-    :func:`time_interleaved` (two functions: ``stp time``, ``dataset --time``, search, GPU
-    packs) and :func:`steptp.runner.timing.measure` (one).
-    Raises :class:`ExecError` on a fault."""
-    flush = l2_flush_bytes(device)
-
-    def one(fn, n: int) -> float:
-        if callable(fn):
-            return fn(n)
-        mod, func, args = fn
-        return time_function(mod, device, args, number=n, repeat=1, func=func, flush_bytes=flush)[0]
-
-    try:
-        for fn in fns:
-            for _ in range(warmup):
-                if callable(fn):
-                    fn(1)
-                else:
-                    fn[0][fn[1]](*fn[2])
-        sync(device)
-    except Exception as e:  # noqa: BLE001
-        raise ExecError(f"kernel execution failed on {device}: {_short(e)}") from None
-    numbers = [number or 1] * len(fns)
-    if min_repeat_ms > 0:
-        for i, fn in enumerate(fns):
-            probe = min(one(fn, 1) for _ in range(3))
-            want = math.ceil(min_repeat_ms * 1e-3 / max(probe, 1e-9))
-            numbers[i] = min(max_number, max(number or 1, want))
-    times: list[list[float]] = [[] for _ in fns]
-    order = list(zip(fns, times, numbers))
-    for r in range(rounds):
-        for fn, acc, n in (order if r % 2 == 0 else order[::-1]):
-            acc.append(one(fn, n))
-    return times, numbers
-
-
-def time_interleaved(a: tuple, b: tuple, device: str, *, rounds: int, warmup: int = 3, min_repeat_ms: float = 0.0,
-                     max_number: int = 1_000_000) -> tuple[list[float], list[float], list[int]]:
-    """Interleaved timing of two loaded functions on ``device`` (``a`` and ``b`` are
-    ``(module, func name, args)``): :func:`time_rounds` of the pair. Returns (seconds per
-    call of A per round, of B per round, [calls per measurement of A, of B]). Raises
-    :class:`ExecError` on a fault."""
-    (ta, tb), numbers = time_rounds((a, b), device, rounds=rounds, warmup=warmup, min_repeat_ms=min_repeat_ms,
-                                    max_number=max_number)
-    return ta, tb, numbers
-
-
 __all__ = ["CUDART_SONAME", "LIBCUDA_SONAME", "PTX_FLAGS", "tvm_lib_dir", "find_cudart", "find_libcuda",
            "cuda_devices", "device_name", "nvcc_path", "cuda_available", "simulated", "compute_capability",
-           "device_arch", "arch_level", "l2_cache_bytes", "l2_flush_bytes", "SIM_L2_ENV", "SIM_L2_BYTES", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
-           "register_ptx_cache", "time_rounds", "time_interleaved", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
-           "to_device", "from_device", "copy_into", "launch", "sync", "device_args", "run_module", "time_function"]
+           "device_arch", "arch_level", "l2_cache_bytes", "SIM_L2_ENV", "SIM_L2_BYTES", "driver_version", "cuda_compiler", "compiler_tag", "cached_ptx", "read_ptx", "exec_device", "load_runtime", "ptx_key", "compile_ptx",
+           "register_ptx_cache", "Param", "Built", "MANIFEST", "read_built", "write_manifest", "load_built",
+           "to_device", "from_device", "copy_into", "launch", "sync", "device_args", "run_module"]

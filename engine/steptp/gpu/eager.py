@@ -10,7 +10,7 @@ parameters of the model take the inputs' dtype when it differs.
 
 Timing is interleaved with the original's measurement (A eager [compiled] A eager ...): on
 CUDA each eager measurement is bracketed by CUDA events after a flush of the L2 cache (a
-device buffer of :func:`steptp.backend.cuda_runtime.l2_flush_bytes` bytes zeroed, not timed),
+device buffer of :func:`steptp.runner.cuda_timing.l2_flush_bytes` bytes zeroed, not timed),
 as TVM's ``time_evaluator`` flushes before ours; on the simulated device eager runs on the
 CPU with one intra-op thread, timed with ``perf_counter``. ``torch.compile`` is warmed up
 (compiled) outside the timing.
@@ -74,7 +74,7 @@ def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], 
     ``inputs`` (trial 0's arrays by LEIR name; ``prog``: the pack manifest's program entry)
     interleaved with ``ours(number) -> seconds per call`` (the original's measurement), on
     ``device`` (``cuda``, or ``cpu`` for the simulated device), by the one timing loop
-    (:func:`steptp.backend.cuda_runtime.time_rounds` with :func:`steptp.runner.baseline.torch_timer`):
+    (:func:`steptp.runner.cuda_timing.time_rounds` with :func:`steptp.runner.baseline.torch_timer`):
     after 3 warm-up calls, ``rounds`` interleaved rounds of one measurement each, ``number``
     calls per measurement calibrated so that one of the fastest lasts ``min_ms`` milliseconds. Returns ``{"eager_us", "compile_us" (with ``compile_``),
     "original_us", "rounds", "device"}`` in microseconds per call (medians), or ``{"error":
@@ -101,7 +101,7 @@ def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], 
             for fn in fns.values():
                 for _ in range(3):  # warm-up (and torch.compile's compilation) outside the timing
                     fn(*args)
-        from ..backend.cuda_runtime import l2_flush_bytes, time_rounds  # noqa: PLC0415
+        from ..runner.cuda_timing import l2_flush_bytes, time_rounds  # noqa: PLC0415
         from ..runner.baseline import torch_timer  # noqa: PLC0415
 
         flush = l2_flush_bytes(device) if device == "cuda" else 0

@@ -2,11 +2,13 @@
 
 Every entry of ``DATASET/dictionary.jsonl`` that the run (``RESULTS/results.jsonl`` of
 :mod:`steptp.gpu.run`) checked gets ``verification_gpu`` (``device``, ``device_name``,
-``arch``, ``exec``, ``equal``, ``max_abs_err``, ``reason``, ``first_call_ms``, whether the
-original also matched on the GPU, and ``agrees_with_cpu``) and, when timed, ``timing_gpu``
-(``original_us``, ``transformed_us``, ``speedup`` with its interval and verdict) and, when
-PyTorch eager was timed beside the program, ``eager_gpu`` (``eager_us``, ``compile_us``,
-``original_us``: microseconds per call, measured interleaved). The CPU
+``arch``, ``status``, ``exec``, ``equal``, ``max_abs_err``, ``max_rel_err``, ``trials``,
+``reason``, ``first_call_ms``, whether the original also matched on the GPU,
+``agrees_with_cpu``, ``sanitizer_clean``, ``schema``) and, when timed, ``timing_gpu``
+(``original_us``, ``transformed_us``, their IQRs, ``speedup`` with its interval and verdict)
+and, when PyTorch eager was timed beside the program, ``eager_gpu`` (``eager_us``,
+``original_us``: microseconds per call, measured interleaved). The results are read through
+:mod:`steptp.runner.record` (another schema version: :class:`MergeError`, one line). The CPU
 ``verification`` is left as it is; ``stp report`` lists the entries whose verdicts differ.
 The file is rewritten atomically (a temporary file renamed over it), so an interrupted merge
 leaves the dataset as it was; merging again replaces the fields.
@@ -17,7 +19,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
+
+from ..runner.record import SchemaError, read_entries
 
 
 class MergeError(ValueError):
@@ -28,14 +33,11 @@ def merge(results: str | os.PathLike, dataset: str | os.PathLike) -> dict:
     """Merge (module docstring). Returns ``{"entries", "merged", "timed", "disagreements",
     "unknown"}`` (``unknown``: result ids not in the dataset). Raises :class:`MergeError`."""
     rpath = Path(results) / "results.jsonl" if Path(results).is_dir() else Path(results)
-    dpath = Path(dataset) / "dictionary.jsonl" if Path(dataset).is_dir() else Path(dataset)
+    if not rpath.is_file():
+        raise MergeError(f"{rpath}: cannot read GPU results (no such file)")
     try:
-        recs = {}
-        for n, line in enumerate(rpath.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                r = json.loads(line)
-                recs[r["id"]] = r
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        recs = read_entries(rpath)
+    except (OSError, SchemaError) as e:
         raise MergeError(f"{rpath}: cannot read GPU results ({e})") from None
     try:
         lines = dpath.read_text(encoding="utf-8").splitlines()
@@ -51,20 +53,21 @@ def merge(results: str | os.PathLike, dataset: str | os.PathLike) -> dict:
             raise MergeError(f"{dpath}:{n}: not JSON ({err})") from None
         r = recs.get(e.get("id"))
         if r is not None:
-            seen.add(r["id"])
-            tr, orig = r["transformed"], r.get("original") or {}
+            seen.add(r.id)
+            tr = r.transformed
             e["verification_gpu"] = {
-                "device": r["device"], "device_name": r.get("device_name"), "arch": r.get("arch"),
-                "exec": bool(tr.get("exec")), "equal": bool(tr.get("equal")), "max_abs_err": tr.get("max_abs_err"),
-                "reason": tr.get("reason", ""), "first_call_ms": tr.get("first_call_ms"),
-                "original_equal": bool(orig.get("equal")), "agrees_with_cpu": r.get("agree")}
+                "device": r.device, "device_name": r.device_name, "arch": r.arch, "status": r.status,
+                "exec": bool(tr.exec), "equal": bool(tr.equal), "max_abs_err": tr.max_abs_err,
+                "max_rel_err": tr.max_rel_err, "trials": tr.trials, "reason": r.reason or tr.reason,
+                "first_call_ms": tr.first_call_ms, "original_equal": bool(r.original.equal),
+                "agrees_with_cpu": r.agree, "sanitizer_clean": r.sanitizer_clean(), "schema": r.schema}
             merged += 1
-            dis += r.get("agree") is False
-            if r.get("eager_us") is not None:
-                e["eager_gpu"] = {"eager_us": r["eager_us"], "compile_us": r.get("compile_us"),
-                                  "original_us": (r.get("eager") or {}).get("original_us")}
-            if (r.get("timing") or {}).get("speedup") is not None:
-                e["timing_gpu"] = r["timing"]
+            dis += r.agree is False
+            eg = r.eager or {}
+            if eg.get("eager_us") is not None:
+                e["eager_gpu"] = {"eager_us": eg["eager_us"], "original_us": eg.get("original_us")}
+            if r.timing is not None and r.timing.speedup is not None:
+                e["timing_gpu"] = asdict(r.timing)
                 timed += 1
         out.append(json.dumps(e, ensure_ascii=False))
     fd, tmp = tempfile.mkstemp(prefix=".merge-", dir=dpath.parent)

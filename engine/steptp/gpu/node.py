@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import cuda_runtime as cr
+from ..runner import cuda_timing as ct
 from ..backend.errors import BackendError, ExecError
 from ..runner.inputs import TensorSpec, digest, trial_inputs
-from ..runner.stats import paired_speedup
+from ..runner.stats import paired_speedup, spread
 from ..runner.tolerance import compare_trials, dtype_code, poison_array, poisoned_index
 
 _STATE: dict = {}  # per worker process: manifests, libraries, original verdicts, eager timings
@@ -243,30 +244,33 @@ def time_pair(pack: str, refdir: str | None, okey: str, a: dict, b: dict, rounds
     one measurement lasts ``min_ms`` milliseconds, then ``rounds`` rounds of one
     ``time_evaluator`` measurement each, A B, B A ... (on CUDA each from a flushed L2).
     Returns ``{original_us, transformed_us, speedup, ci, verdict, number, original_number,
-    rounds, device}`` (microseconds per call; ``number``/``original_number`` the calls per
+    rounds, original_iqr_us, transformed_iqr_us, device}`` (microseconds per call, IQRs
+    ``[q1, q3]``; ``number``/``original_number`` the calls per
     measurement of the candidate / the original;
     :func:`steptp.runner.stats.paired_speedup`). Raises :class:`ExecError` on a device fault."""
     d = _program(pack, refdir, okey)
     fa, ma = _load(pack, a)
     fb, mb = _load(pack, b)
     dev = fa.device
-    ta, tb, number = cr.time_interleaved((ma, fa.func, _fill(d, fa, 0)), (mb, fb.func, _fill(d, fb, 0)), dev,
+    ta, tb, number = ct.time_interleaved((ma, fa.func, _fill(d, fa, 0)), (mb, fb.func, _fill(d, fb, 0)), dev,
                                          rounds=rounds, warmup=3, min_repeat_ms=min_ms, max_number=100_000)
     st = paired_speedup(ta, tb)
+    sa, sb = spread(ta, scale=1e6), spread(tb, scale=1e6)
     return {"original_us": st["a_median"] * 1e6, "transformed_us": st["b_median"] * 1e6, "speedup": st["speedup"],
             "ci": st["ci"], "verdict": st["verdict"], "number": number[1], "original_number": number[0],
-            "rounds": rounds,
+            "rounds": rounds, "original_iqr_us": [sa["q1"], sa["q3"]], "transformed_iqr_us": [sb["q1"], sb["q3"]],
             "device": "cuda-sim" if cr.simulated() else "cuda"}
 
 
 def _eager(pack: str, refdir: str | None, okey: str, where: dict, opts: dict) -> dict | None:
-    """PyTorch eager (and ``torch.compile``) of the program's ``.py``, timed interleaved with
-    the original (:func:`steptp.gpu.eager.measure`), once per program and worker; None when
-    the pack has no ``.py`` for it or eager timing is off."""
+    """PyTorch eager of the program's ``.py``, timed interleaved with the original
+    (:func:`steptp.gpu.eager.measure`), once per program and worker; None when the pack has
+    no ``.py`` for it or eager timing is off. (Eager from Python beside the original's
+    kernels: not like with like; the baselines of :mod:`steptp.gpu.baselines` are.)"""
     prog = manifest(pack)["programs"][okey]
     if not opts.get("eager") or not prog.get("torch"):
         return None
-    key = ("eager", pack, okey, bool(opts.get("compile")))
+    key = ("eager", pack, okey)
     if key not in _STATE:
         from .eager import measure  # noqa: PLC0415  (imports torch)
 
@@ -274,10 +278,10 @@ def _eager(pack: str, refdir: str | None, okey: str, where: dict, opts: dict) ->
         built, mod = _load(pack, where)
 
         def ours(number: int) -> float:
-            return cr.time_function(mod, built.device, _fill(d, built, 0), number=number, repeat=1, func=built.func)[0]
+            return ct.time_function(mod, built.device, _fill(d, built, 0), number=number, repeat=1, func=built.func)[0]
 
         _STATE[key] = measure(Path(pack) / prog["torch"]["file"], prog, d["sets"][0], ours,
-                              device="cpu" if cr.simulated() else "cuda", compile_=bool(opts.get("compile")),
+                              device="cpu" if cr.simulated() else "cuda",
                               rounds=int(opts.get("rounds", 8)), min_ms=float(opts.get("min_ms", 2.0)))
     return _STATE[key]
 
@@ -287,7 +291,7 @@ def run_entries(pack: str, refdir: str | None, okey: str, entries: list[dict], o
     GPU verdict (once per program and worker, unless ``opts["original_failed"]`` gives the
     reason it already failed twice), each transformed function's verdict, with
     ``opts["timing"]`` the interleaved timing of Equal pairs, and the PyTorch eager timing
-    (``opts["eager"]``, ``opts["compile"]``). Returns ``{"records": [...], "fault": None |
+    (``opts["eager"]``). Returns ``{"records": [...], "fault": None |
     {"index", "phase", "reason"}, "discard": bool}``: records of the entries finished before
     a CUDA error, which stops the run (``fault``; the worker must be discarded). With
     ``opts["retry"]`` (one entry, run again in a fresh worker) a fault of the transformed

@@ -19,8 +19,9 @@ pack carries)::
     PACK/data/<program>.npz   only with ``--store-references``: the CPU reference outputs, per
                               trial (for a node whose CPU cannot run x86-64 code)
     PACK/lib/                 libtvm_runtime.so, libtvm_runtime_cuda.so (from the apache-tvm wheel)
-    PACK/python/steptp/       the runtime-only modules (gpu.run, backend.cuda_runtime,
-                              runner.{inputs,tolerance,worker,stats}); nothing else
+    PACK/python/steptp/       the runtime-only modules (gpu.run and what it imports,
+                              backend.cuda_runtime, runner.{inputs,tolerance,worker,stats,
+                              cuda_timing,record}: RUNTIME_FILES); nothing else
 
 Neither inputs nor outputs are stored by default: the node regenerates the inputs from the
 seeds with :mod:`steptp.runner.inputs`, checks them against the stored SHA1 digests, runs the
@@ -47,7 +48,8 @@ FORMAT = "stp-gpu-pack/2"  # /1: references stored (data/*.npz) only; the runner
 #: Files of the package copied into a pack (runtime-only closure of :mod:`steptp.gpu.run`).
 RUNTIME_FILES = ("__init__.py", "backend/__init__.py", "backend/errors.py", "backend/cuda_runtime.py",
                  "runner/__init__.py", "runner/inputs.py", "runner/tolerance.py", "runner/worker.py", "runner/pool.py", "runner/baseline.py",
-                 "runner/stats.py", "gpu/__init__.py", "gpu/run.py", "gpu/node.py", "gpu/eager.py")
+                 "runner/stats.py", "runner/cuda_timing.py", "runner/record.py", "gpu/__init__.py", "gpu/run.py",
+                 "gpu/node.py", "gpu/eager.py", "gpu/baselines.py", "gpu/sanitizer.py", "gpu/session.py")
 
 
 class PackError(ValueError):

@@ -26,9 +26,18 @@ time-out or crash, whose entry is unknown, reruns that call's entries one by one
 rounds of ``time_evaluator`` measurements on the same inputs, L2 flushed before each on CUDA)
 and reports the median of the paired ratios with a bootstrap 95 % interval
 (:func:`steptp.runner.stats.paired_speedup`). Where ``torch`` imports and an original came
-from a ``.py`` file, PyTorch eager (``--compile``: also ``torch.compile``) is timed on the same
-inputs, interleaved with the original (:mod:`steptp.gpu.eager`): records gain ``eager_us``
-(``compile_us``), microseconds per call; ``--no-eager`` turns it off.
+from a ``.py`` file, PyTorch eager is timed on the same inputs, interleaved with the original
+(:mod:`steptp.gpu.eager`): records gain ``eager`` (``eager_us``, ``original_us``), microseconds
+per call; ``--no-eager`` turns it off.
+
+After the entries (:mod:`steptp.gpu.session`): ``--sanitizer`` runs each re-timed best under
+``compute-sanitizer`` (:mod:`steptp.gpu.sanitizer`; a finding rejects it); ``--baselines``
+measures per program, interleaved with our best, PyTorch eager from Python against our
+function from Python and eager in a CUDA graph against our kernels, ``--compile`` /
+``--autotune`` add ``torch.compile`` (default / ``max-autotune-no-cudagraphs``), each capped
+(``--baseline-cap-s``, ``--compile-cap-s``): ``RESULTS/baselines.jsonl``
+(:mod:`steptp.gpu.baselines`). Every line the node writes is a versioned record of
+:mod:`steptp.runner.record`; results of another schema version are refused (exit 2).
 
 Outputs: ``RESULTS/results.jsonl`` (one line per entry, appended as it finishes: a rerun
 resumes), ``summary.json`` (verification and timing throughput apart, entries/s) and
@@ -53,6 +62,7 @@ import numpy as np
 from ..backend import cuda_runtime as cr
 from ..backend.errors import BackendError
 from ..runner.pool import shared
+from ..runner.record import Check, EntryRecord, PairTiming, SchemaError, read_entries
 from ..runner.worker import IsolatedRunner
 
 
@@ -90,14 +100,13 @@ def _repair_tail(path: Path) -> None:
         path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
-def _records(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+def _records(path: Path) -> list[EntryRecord]:
+    """The records of a results file (:func:`steptp.runner.record.read_entries`); a file of
+    another schema version is a :class:`PackRunError` (one line)."""
+    try:
+        return list(read_entries(path).values())
+    except SchemaError as e:
+        raise PackRunError(str(e)) from None
 
 
 def _done_ids(path: Path) -> set:
@@ -292,18 +301,29 @@ class _Run:
         return self._record([e], e["program"], r)
 
     def _record(self, part: list[dict], okey: str, r: dict) -> dict:
+        """The JSON line of a worker's answer ``r`` on an entry of ``part``
+        (:class:`steptp.runner.record.EntryRecord`)."""
         e = next(x for x in part if x["id"] == r["id"])
-        rec = {"id": e["id"], "strategy": e["strategy"], "program": okey, "device": "cuda",
-               "device_name": self.opts["device_name"], "arch": self.opts["arch"], **r,
-               "cpu_equal": (e.get("cpu") or {}).get("equal")}
-        rec["agree"] = None if rec["cpu_equal"] is None or r.get("unchecked") else \
-            bool(rec["cpu_equal"]) == bool(r["transformed"].get("equal"))
-        eg = r.get("eager") or {}
-        if "eager_us" in eg:
-            rec["eager_us"] = eg["eager_us"]
-        if "compile_us" in eg:
-            rec["compile_us"] = eg["compile_us"]
-        return rec
+        return entry_record(e, okey, r, self.opts["device_name"], self.opts["arch"]).to_json()
+
+
+def entry_record(e: dict, okey: str, r: dict, device_name: str | None, arch: str | None) -> EntryRecord:
+    """The :class:`~steptp.runner.record.EntryRecord` of manifest entry ``e`` from a worker's
+    answer ``r`` (:func:`steptp.gpu.node.run_entries`: ``original``/``transformed`` verdicts,
+    ``timing``, ``eager``, ``retried``, ``unchecked``, seconds)."""
+    t = r.get("timing")
+    timing = None
+    if t is not None:
+        timing = PairTiming(**{k: v for k, v in t.items() if k in PairTiming.__dataclass_fields__})
+    cpu_equal = (e.get("cpu") or {}).get("equal")
+    tr = Check(**{k: v for k, v in (r.get("transformed") or {}).items() if k in Check.__dataclass_fields__})
+    return EntryRecord(
+        id=e["id"], program=okey, strategy=e.get("strategy") or "", device="cuda", device_name=device_name, arch=arch,
+        original=Check(**{k: v for k, v in (r.get("original") or {}).items() if k in Check.__dataclass_fields__}),
+        transformed=tr, timing=timing, eager=r.get("eager"), cpu_equal=cpu_equal,
+        agree=None if cpu_equal is None or r.get("unchecked") else bool(cpu_equal) == bool(tr.equal),
+        unchecked=bool(r.get("unchecked")), retried=r.get("retried") or "",
+        seconds_check=float(r.get("seconds_check") or 0.0), seconds_time=float(r.get("seconds_time") or 0.0))
 
 
 def _bar(total: int, progress: bool):
@@ -320,7 +340,7 @@ def _bar(total: int, progress: bool):
 
 def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: bool = False,
              deadline_s: float | None = None, per_call_s: float = 120.0, rounds: int = 8, min_ms: float = 2.0,
-             progress: bool = True, jobs: int | None = None, eager: bool = True, compile_: bool = False,
+             progress: bool = True, jobs: int | None = None, eager: bool = True,
              chunk: int = 16, ref_jobs: int | None = None, results_name: str = "results.jsonl",
              only: set | None = None) -> dict:
     """Run every entry of ``pack`` not yet in ``results/results.jsonl`` (module docstring)
@@ -359,7 +379,7 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
               file=sys.stderr)
         eager = False
     name = "simulated (CPU builds)" if cr.simulated() else cr.device_name(0)
-    opts = {"timing": timing, "rounds": rounds, "min_ms": min_ms, "eager": eager, "compile": compile_,
+    opts = {"timing": timing, "rounds": rounds, "min_ms": min_ms, "eager": eager,
             "device_name": name, "arch": arch or m["arch"]}
     slots = gpu_slots()
     jobs = jobs or len(slots)
@@ -439,10 +459,8 @@ def best_entries(path: str | os.PathLike, k: int) -> set:
     Equal on the device (original and transformed), timed, ordered by the median speedup."""
     by: dict[str, list] = {}
     for r in _records(Path(path)):
-        t = r.get("timing") or {}
-        if (r.get("transformed") or {}).get("equal") and (r.get("original") or {}).get("equal") and \
-                t.get("speedup") is not None:
-            by.setdefault(r["program"], []).append((-float(t["speedup"]), r["id"]))
+        if r.status == "equal" and r.timing is not None and r.timing.speedup is not None:
+            by.setdefault(r.program, []).append((-float(r.timing.speedup), r.id))
     return {i for xs in by.values() for _, i in sorted(xs)[:k]}
 
 
@@ -458,26 +476,26 @@ def retime_best(pack: str | os.PathLike, results: str | os.PathLike, k: int, **k
     return run_pack(pack, results, timing=True, results_name="retime.jsonl", only=ids, **kw)
 
 
-def _per_program(recs: list[dict]) -> list[dict]:
+def _per_program(recs: list[EntryRecord], names: dict) -> list[dict]:
     """Per program: the original's time, the best Equal transformed entry's time (from
-    ``--time``: medians of the interleaved pairs) and PyTorch eager / torch.compile, in µs."""
+    ``--time``: medians of the interleaved pairs) and PyTorch eager beside the original, in µs
+    (the like-with-like baselines are in ``baselines.jsonl``)."""
     progs: dict[str, dict] = {}
     for r in recs:
-        p = progs.setdefault(r["program"], {"program": r["program"], "name": r.get("name") or r["program"],
-                                            "entries": 0, "equal": 0, "original_us": None, "best_us": None,
-                                            "best_id": None, "eager_us": None, "compile_us": None})
+        p = progs.setdefault(r.program, {"program": r.program, "name": names.get(r.program, r.program),
+                                         "entries": 0, "equal": 0, "original_us": None, "best_us": None,
+                                         "best_id": None, "eager_us": None})
         p["entries"] += 1
-        p["equal"] += bool(r["transformed"].get("equal"))
-        eg = r.get("eager") or {}
-        if "eager_us" in eg:
+        p["equal"] += bool(r.transformed.equal)
+        eg = r.eager or {}
+        if eg.get("eager_us") is not None:
             p["eager_us"] = eg["eager_us"]
-            p["compile_us"] = eg.get("compile_us")
             p["original_us"] = p["original_us"] or eg.get("original_us")
-        t = r.get("timing") or {}
-        if "transformed_us" in t:
-            p["original_us"] = p["original_us"] or t["original_us"]
-            if p["best_us"] is None or t["transformed_us"] < p["best_us"]:
-                p["best_us"], p["best_id"] = t["transformed_us"], r["id"]
+        t = r.timing
+        if t is not None and t.transformed_us is not None and r.status == "equal":
+            p["original_us"] = p["original_us"] or t.original_us
+            if p["best_us"] is None or t.transformed_us < p["best_us"]:
+                p["best_us"], p["best_id"] = t.transformed_us, r.id
     return list(progs.values())
 
 
@@ -488,40 +506,42 @@ def summarize(path: Path, manifest: dict, *, wall: float = 0.0, ran: int = 0, st
     second of worker time spent verifying, original and transformed on every trial, times
     the workers; ``timing_entries_per_second``: timed entries per second of worker time
     spent timing, likewise), with timings the speedup distribution per strategy (only
-    entries whose transformed program was Equal on the GPU) and per program the original's,
-    the best transformed entry's and PyTorch eager's time (µs)."""
+    entries whose transformed program was Equal on the GPU), per program the original's,
+    the best transformed entry's and PyTorch eager's time (µs), and ``statuses``: entries
+    per :data:`steptp.runner.record.STATUSES` value."""
     recs = _records(path) if path.is_file() else []
     names = {k: v.get("name", k) for k, v in manifest["programs"].items()}
-    for r in recs:
-        r["name"] = names.get(r.get("program"), r.get("program"))
-    eq = [r for r in recs if r["transformed"].get("equal")]
-    first = [r["transformed"]["first_call_ms"] for r in recs if r["transformed"].get("first_call_ms") is not None]
-    dis = [{"id": r["id"], "strategy": r["strategy"], "cpu_equal": r["cpu_equal"],
-            "gpu_equal": r["transformed"].get("equal"), "reason": r["transformed"].get("reason", "")[:300]}
-           for r in recs if r.get("agree") is False]
+    eq = [r for r in recs if r.transformed.equal]
+    first = [r.transformed.first_call_ms for r in recs if r.transformed.first_call_ms is not None]
+    dis = [{"id": r.id, "strategy": r.strategy, "cpu_equal": r.cpu_equal, "gpu_equal": r.transformed.equal,
+            "reason": r.transformed.reason[:300]} for r in recs if r.agree is False]
     per: dict[str, list] = {}
     for r in recs:
-        t = r.get("timing") or {}
-        if "speedup" in t:
-            per.setdefault(r["strategy"] or "-", []).append(t)
-    speed = {k: {"n": len(v), "median": float(np.median([t["speedup"] for t in v])),
-                 "faster": sum(t["verdict"] == "faster" for t in v), "slower": sum(t["verdict"] == "slower" for t in v)}
+        if r.timing is not None and r.timing.speedup is not None:
+            per.setdefault(r.strategy or "-", []).append(r.timing)
+    speed = {k: {"n": len(v), "median": float(np.median([t.speedup for t in v])),
+                 "faster": sum(t.verdict == "faster" for t in v), "slower": sum(t.verdict == "slower" for t in v)}
              for k, v in sorted(per.items())}
-    check_s = sum(float(r.get("seconds_check") or 0.0) for r in recs[len(recs) - max(ran, 0):])
-    timed = [r for r in recs[len(recs) - max(ran, 0):] if "speedup" in (r.get("timing") or {})]
-    time_s = sum(float(r.get("seconds_time") or 0.0) for r in timed)
+    now = recs[len(recs) - max(ran, 0):]
+    check_s = sum(r.seconds_check for r in now)
+    timed = [r for r in now if r.timing is not None and r.timing.speedup is not None]
+    time_s = sum(r.seconds_time for r in timed)
+    statuses: dict[str, int] = {}
+    for r in recs:
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+    progs = _per_program(recs, names)
     return {"entries": len(manifest["entries"]), "done": len(recs), "ran_now": max(ran, 0),
-            "stopped_at_deadline": stopped, "exec": sum(bool(r["transformed"].get("exec")) for r in recs),
-            "equal": len(eq), "original_equal": sum(bool(r["original"].get("equal")) for r in recs),
-            "unchecked": sum(bool(r.get("unchecked")) for r in recs),
+            "stopped_at_deadline": stopped, "exec": sum(bool(r.transformed.exec) for r in recs),
+            "equal": len(eq), "original_equal": sum(bool(r.original.equal) for r in recs),
+            "unchecked": sum(r.unchecked for r in recs), "statuses": statuses,
             "cpu_gpu_disagreements": dis, "wall_seconds": round(wall, 2),
             "entries_per_second": round(max(ran, 0) / wall, 3) if wall > 0 else None,
             "verification_entries_per_second": round(max(ran, 0) / check_s, 3) if check_s > 0 else None,
             "timing_entries_per_second": round(len(timed) / time_s, 3) if time_s > 0 else None,
             "first_call_ms_median": float(np.median(first)) if first else None,
-            "device_name": recs[0]["device_name"] if recs else None, "arch": manifest["arch"],
-            "eager_programs": sum(1 for p in _per_program(recs) if p["eager_us"] is not None),
-            "speedup_by_strategy": speed, "programs": _per_program(recs)}
+            "device_name": recs[0].device_name if recs else None, "arch": manifest["arch"],
+            "eager_programs": sum(1 for p in progs if p["eager_us"] is not None),
+            "speedup_by_strategy": speed, "programs": progs}
 
 
 def _us(x) -> str:
@@ -554,10 +574,10 @@ def report_md(s: dict) -> str:
         lines += ["## Per program against PyTorch eager (µs per call)", "",
                   "Original: its time beside eager (or from `--time`); best: the fastest Equal transformed entry "
                   "(`--time`). A ratio above 1 means PyTorch is faster.", "",
-                  "| program | entries | Equal | original | best transformed | eager | torch.compile "
-                  "| original / eager | best / eager |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| program | entries | Equal | original | best transformed | eager "
+                  "| original / eager | best / eager |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {p['name']} | {p['entries']} | {p['equal']} | {_us(p['original_us'])} | {_us(p['best_us'])} | "
-                  f"{_us(p['eager_us'])} | {_us(p['compile_us'])} | {_ratio(p['original_us'], p['eager_us'])} | "
+                  f"{_us(p['eager_us'])} | {_ratio(p['original_us'], p['eager_us'])} | "
                   f"{_ratio(p['best_us'], p['eager_us'])} |" for p in progs]
         lines.append("")
     if s["speedup_by_strategy"]:
@@ -566,6 +586,36 @@ def report_md(s: dict) -> str:
         lines += [f"| {k} | {v['n']} | {v['median']:.3f} | {v['faster']} | {v['slower']} |"
                   for k, v in s["speedup_by_strategy"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _session(a, s: dict, t0: float) -> None:
+    """The sanitizer and baseline phases of :func:`main` (:mod:`steptp.gpu.session`), under
+    the run's deadline; their summaries join ``summary.json`` and ``report.md``."""
+    from .session import baselines_table, check_best, measure_baselines  # noqa: PLC0415
+
+    deadline = None if a.deadline_s is None else t0 + a.deadline_s
+    m = read_manifest(a.pack)
+    out = Path(a.out)
+    if a.sanitizer and (out / "retime.jsonl").is_file():
+        s["sanitizer"] = check_best(str(Path(a.pack).resolve()), out, m, cap_s=a.sanitizer_cap_s, deadline=deadline)
+    if a.baselines or a.compile or a.autotune:
+        import importlib.util  # noqa: PLC0415
+
+        modes = tuple(k for k, on in (("compile", a.compile), ("compile_autotune", a.autotune)) if on)
+        done = {r.program for r in _records(out / "results.jsonl")} if (out / "results.jsonl").is_file() else set()
+        recs = measure_baselines(str(Path(a.pack).resolve()), out, m, device_name=s.get("device_name") or "",
+                                 rounds=a.repeat, min_ms=a.min_ms, eager_cap_s=a.baseline_cap_s,
+                                 compile_cap_s=a.compile_cap_s, compile_modes=modes,
+                                 torch_ok=not a.no_eager and importlib.util.find_spec("torch") is not None,
+                                 deadline=deadline, programs=done)
+        s["baselines"] = {"programs": len(recs), "file": "baselines.jsonl",
+                          "eager": sum(b.eager_us is not None for b in recs),
+                          "eager_graph": sum(b.eager_graph_us is not None for b in recs),
+                          "compile": sum(b.compile_us is not None for b in recs),
+                          "compile_autotune": sum(b.compile_autotune_us is not None for b in recs)}
+        (out / "report.md").write_text(report_md(s) + "\n" + baselines_table(recs), encoding="utf-8")
+    if "sanitizer" in s or "baselines" in s:
+        (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -581,7 +631,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=None,
                     help="GPU worker processes (default: one per GPU), spread over the GPUs")
     ap.add_argument("--no-eager", action="store_true", help="do not time PyTorch eager beside the programs")
-    ap.add_argument("--compile", action="store_true", help="also time torch.compile (warm-up outside the timing)")
+    ap.add_argument("--baselines", action="store_true",
+                    help="afterwards measure each program's baselines against our best, interleaved "
+                         "(RESULTS/baselines.jsonl): eager and ours from Python, eager in a CUDA graph against our "
+                         "kernels")
+    ap.add_argument("--compile", action="store_true",
+                    help="baselines also with torch.compile (default mode); implies --baselines")
+    ap.add_argument("--autotune", action="store_true",
+                    help="baselines also with torch.compile mode=max-autotune-no-cudagraphs; implies --baselines")
+    ap.add_argument("--baseline-cap-s", type=float, default=120.0,
+                    help="cap of one program's eager/graph/kernels session, seconds")
+    ap.add_argument("--compile-cap-s", type=float, default=300.0,
+                    help="cap of one torch.compile compilation (+ warm-up) per program and mode, seconds")
+    ap.add_argument("--sanitizer", action="store_true",
+                    help="with --retime-best: run each re-timed best under compute-sanitizer (memcheck; racecheck "
+                         "where it uses shared memory); a finding rejects it")
+    ap.add_argument("--sanitizer-cap-s", type=float, default=120.0, help="cap of one compute-sanitizer run, seconds")
     ap.add_argument("--chunk", type=int, default=16, help="entries per worker call")
     ap.add_argument("--ref-jobs", type=int, default=None,
                     help="CPU worker processes computing the references (default: half the CPUs, 1 to 8)")
@@ -601,14 +666,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.retime_best < 0 or (a.retime_best and not a.time):
         print("error: --retime-best K: K >= 0, and only with --time", file=sys.stderr)
         return 2
-    for flag, v in (("--timeout", a.timeout), ("--min-ms", a.min_ms)):
+    if a.sanitizer and not a.retime_best:
+        print("error: --sanitizer checks the re-timed best: only with --time --retime-best K", file=sys.stderr)
+        return 2
+    for flag, v in (("--timeout", a.timeout), ("--min-ms", a.min_ms), ("--baseline-cap-s", a.baseline_cap_s),
+                    ("--compile-cap-s", a.compile_cap_s), ("--sanitizer-cap-s", a.sanitizer_cap_s)):
         if not v > 0:
             print(f"error: {flag} {v}: must be positive", file=sys.stderr)
             return 2
     try:
         t0 = time.perf_counter()
         kw = dict(per_call_s=a.timeout, rounds=a.repeat, min_ms=a.min_ms, progress=not a.quiet, jobs=a.jobs,
-                  eager=not a.no_eager, compile_=a.compile, chunk=a.chunk, ref_jobs=a.ref_jobs)
+                  eager=not a.no_eager, chunk=a.chunk, ref_jobs=a.ref_jobs)
         s = run_pack(a.pack, a.out, timing=a.time, deadline_s=a.deadline_s, **kw)
         if a.retime_best and not s.get("stopped_at_deadline"):
             left = None if a.deadline_s is None else a.deadline_s - (time.perf_counter() - t0)
@@ -618,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
                     s["retime"] = {k: rs.get(k) for k in ("done", "exec", "equal", "stopped_at_deadline",
                                                           "wall_seconds")}
                     (Path(a.out) / "summary.json").write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
-    except PackRunError as e:
+        _session(a, s, t0)
+    except (PackRunError, SchemaError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -1,4 +1,4 @@
-"""PyTorch baselines timed by the one timing loop (:func:`steptp.backend.cuda_runtime.time_rounds`).
+"""PyTorch baselines timed by the one timing loop (:func:`steptp.runner.cuda_timing.time_rounds`).
 
 :func:`torch_timer` turns ``fn(*args)`` (a PyTorch model or ``torch.compile`` of it) into a
 *timer* ``timer(number) -> seconds per call`` that the timing loop interleaves with our
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 def torch_timer(fn: Callable, args: Sequence, device: str, flush_bytes: int = 0) -> Callable[[int], float]:
     """A timer of ``fn(*args)`` on ``device`` (``cpu`` or ``cuda``): ``timer(number)`` runs
     ``number`` calls under ``torch.no_grad`` and returns seconds per call. ``flush_bytes``: on
-    ``cuda`` the L2 flush before each measurement (:func:`steptp.backend.cuda_runtime.l2_flush_bytes`).
+    ``cuda`` the L2 flush before each measurement (:func:`steptp.runner.cuda_timing.l2_flush_bytes`).
     Raises what ``fn`` raises."""
     import torch  # noqa: PLC0415
 

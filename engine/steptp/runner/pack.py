@@ -133,34 +133,27 @@ class PackRunner:
                 "entries": len(entries)}
 
 
-def _by_id(path: Path) -> dict[str, dict]:
-    got = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                r = json.loads(line)
-                got[r["id"]] = r
-            except (ValueError, KeyError, TypeError):
-                continue
-    return got
+def _read_results(d: Path) -> tuple[dict, dict]:
+    """The node's records (:class:`steptp.runner.record.EntryRecord`) of one round's results
+    directory by entry id, and its second measurements (``retime.jsonl``). Raises
+    :class:`steptp.runner.record.SchemaError` (a ``ValueError``, one line) for results of
+    another schema version."""
+    from .record import read_entries  # noqa: PLC0415
+
+    return read_entries(d / "results.jsonl"), read_entries(d / "retime.jsonl")
 
 
-def _read_results(d: Path) -> tuple[dict[str, dict], dict[str, dict]]:
-    """The node's records of one round's results directory by entry id, and its second
-    measurements (``retime.jsonl``)."""
-    return _by_id(d / "results.jsonl"), _by_id(d / "retime.jsonl")
-
-
-def _measure_result(rec: dict) -> MeasureResult:
-    """What a node record says of one entry."""
-    tr, orig = rec.get("transformed") or {}, rec.get("original") or {}
-    t = rec.get("timing") or {}
-    ok = bool(tr.get("exec") and tr.get("equal") and orig.get("equal") and t.get("speedup"))
-    status = "equal" if ok else ("timing_failed" if tr.get("equal") and orig.get("equal") else "not_equal")
-    return MeasureResult(status, t.get("transformed_us"), t.get("original_us"), t.get("speedup"), t.get("ci"),
-                         t.get("verdict"), reason="" if ok else (tr.get("reason") or orig.get("reason")
-                                                                  or t.get("error") or "not measured"),
-                         extra={"device": t.get("device"), "eager": rec.get("eager")})
+def _measure_result(rec) -> MeasureResult:
+    """What a node record (:class:`steptp.runner.record.EntryRecord`) says of one entry:
+    ``equal`` only when Equal on the device, not rejected by compute-sanitizer, and timed."""
+    t = rec.timing
+    st = rec.status
+    ok = st == "equal" and t is not None and t.speedup is not None
+    status = "equal" if ok else ("timing_failed" if st == "equal" else st)
+    return MeasureResult(status, None if t is None else t.transformed_us, None if t is None else t.original_us,
+                         None if t is None else t.speedup, None if t is None else t.ci,
+                         None if t is None else t.verdict, reason="" if ok else (rec.reason or "not measured"),
+                         extra={"device": None if t is None else t.device, "eager": rec.eager})
 
 
 def _complete(d: Path) -> bool | None:

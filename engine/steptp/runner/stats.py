@@ -45,4 +45,16 @@ def paired_speedup(a: Sequence[float], b: Sequence[float], *, confidence: float 
             "a_median": float(np.median(x)), "b_median": float(np.median(y))}
 
 
-__all__ = ["paired_speedup"]
+def spread(x: Sequence[float], *, scale: float = 1.0) -> dict:
+    """Median and spread of one series of measurements (any one unit; ``scale`` multiplies
+    every figure, e.g. ``1e6`` for seconds -> microseconds): ``{"median", "q1", "q3", "min",
+    "max", "n"}``, ``q1``/``q3`` the 25th/75th percentiles (numpy's linear interpolation;
+    their difference is the interquartile range). Raises ``ValueError`` for an empty series."""
+    v = np.asarray(x, dtype=np.float64) * scale
+    if v.size == 0:
+        raise ValueError("spread: need at least one measurement")
+    q1, med, q3 = (float(t) for t in np.percentile(v, [25, 50, 75]))
+    return {"median": med, "q1": q1, "q3": q3, "min": float(v.min()), "max": float(v.max()), "n": int(v.size)}
+
+
+__all__ = ["paired_speedup", "spread"]

@@ -217,10 +217,10 @@ def _params(module: LeirModule):
 
 def _run_protocol(mod, device: str, args: list, number: int | None, repeat: int, warmup: int,
                   min_repeat_ms: float) -> tuple[list[float], int]:
-    """One program through the one timing loop (:func:`steptp.backend.cuda_runtime.time_rounds`):
+    """One program through the one timing loop (:func:`steptp.runner.cuda_timing.time_rounds`):
     warm-up calls, ``number`` calibration, ``repeat`` measurements; returns (seconds per call
     per measurement, number)."""
-    from ..backend.cuda_runtime import time_rounds  # noqa: PLC0415
+    from .cuda_timing import time_rounds  # noqa: PLC0415
 
     (secs,), (number,) = time_rounds([(mod, "main", args)], device, rounds=repeat, warmup=warmup,
                                      min_repeat_ms=min_repeat_ms, max_number=MAX_NUMBER, number=number)
@@ -396,7 +396,8 @@ def compare_here(text_a: str, text_b: str, device: str, limits, rounds: int, war
     round, of B per round, [calls per measurement of A, of B])."""
     import tempfile  # noqa: PLC0415
 
-    from ..backend.cuda_runtime import device_args, load_built, time_interleaved  # noqa: PLC0415
+    from ..backend.cuda_runtime import device_args, load_built  # noqa: PLC0415
+    from .cuda_timing import time_interleaved  # noqa: PLC0415
     from ..leir import parse_leir  # noqa: PLC0415
 
     a, b = parse_leir(text_a), parse_leir(text_b)
