@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 MARKER = "<!-- stp-commands -->"
 RULES_MARKER = "<!-- stp-rules -->"
+TABLE_MARKER = "<!-- stp-commands-table -->"
 
 
 def on_files(files, config):
@@ -37,6 +38,8 @@ def on_page_markdown(markdown, page, config, files):
     """Expand the command reference marker."""
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, commands_markdown())
+    if TABLE_MARKER in markdown:
+        markdown = markdown.replace(TABLE_MARKER, commands_table())
     if RULES_MARKER in markdown:
         markdown = markdown.replace(RULES_MARKER, rules_markdown())
     return markdown
@@ -80,13 +83,28 @@ def _commands(cmd, path):
         yield path, cmd
 
 
-def commands_markdown() -> str:
-    """Markdown reference of every ``stp`` command (in ``stp --help`` order)."""
+def _root():
     import typer
 
     from steptp.cli import app
 
-    root = typer.main.get_command(app)
+    return typer.main.get_command(app)
+
+
+def commands_table() -> str:
+    """A table of every ``stp`` command and the first paragraph of its help, linked to its
+    section of the reference."""
+    rows = ["| command | what it does |", "|---|---|"]
+    for path, cmd in _commands(_root(), []):
+        first = (_paragraphs(cmd.help or "") or [""])[0].replace("|", "\\|")
+        name = "stp " + " ".join(path)
+        rows.append(f"| [`{name}`](#{'stp-' + '-'.join(path)}) | {first} |")
+    return "\n".join(rows) + "\n"
+
+
+def commands_markdown() -> str:
+    """Markdown reference of every ``stp`` command (in ``stp --help`` order)."""
+    root = _root()
     out = []
     for path, cmd in _commands(root, []):
         name = "stp " + " ".join(path)

@@ -428,7 +428,8 @@ def prim_set_scope(ctx: RewriteContext, tensor, scope):
 
 @primitive("rename_tensor", required=("tensor", "to"))
 def prim_rename_tensor(ctx: RewriteContext, tensor, to):
-    """Rename a tensor at every occurrence (the new name must be unused)."""
+    """Rename a tensor at every occurrence, dtype, scope and subscripts kept (the new name must
+    be unused). Example: ``rename_tensor: {tensor: "?X", to: "?T"}`` with ``fresh: {T: tensor}``."""
     name, new = ctx.value(tensor), ctx.value(to)
     if new in program_names(ctx.module) - {name}:
         raise RewriteError(f"rename_tensor: {new} is already used")

@@ -206,7 +206,9 @@ def prim_inline_reads(ctx: RewriteContext, tensor, value, at, after=None):
 def prim_permute_subscripts(ctx: RewriteContext, tensor, order):
     """Reorder the subscript entries of every access of a tensor: entry ``k`` of the new
     subscript is entry ``order[k]`` of the old one (a layout transpose; the shape is
-    re-inferred from the writes). TVM: ``tvm.s_tir.Schedule.transform_layout``."""
+    re-inferred from the writes). TVM: ``tvm.s_tir.Schedule.transform_layout``. Example: ``permute_subscripts:
+    {tensor: "?X", order: [1, 0]}`` transposes a 2-D intermediate (``?order`` from a
+    ``permutations_of`` domain for any rank)."""
     name = ctx.value(tensor)
     perm = tuple(ctx.value(order))
     first = next((t for t in iter_tensors(ctx.program) if t.name == name), None)

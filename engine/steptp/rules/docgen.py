@@ -160,6 +160,25 @@ VALUE_FUNCTION_DOCS: dict[str, tuple[str, str]] = {
     "writers": ("X", "The number of equations writing tensor `X`."),
 }
 
+#: Examples of the value functions no shipped rule uses (the others show a shipped use):
+#: ``name -> (value expression, what it gives)``; ``tests/test_docs.py`` parses each expression.
+VALUE_FUNCTION_EXAMPLES: dict[str, tuple[str, str]] = {
+    "drop": ("drop(loops_of(?N), 0)", "the loops of N without its outermost one"),
+    "index_in": ("index_in(indices_of(loops_of(?N)), ?i) >= 1", "index ?i is not N's outermost loop"),
+    "insert_at": ("insert_at(loops_of(?N), 1, loop(?M, 0))", "N's loops with M's first loop inserted second"),
+    "kind_of": ("kind_of(?N, 0) == B", "N's outermost loop is bound to a thread or block axis"),
+    "loop": ("loop(?N, 0)", "N's outermost loop, to splice into a loops template"),
+    "loop_pos": ("loop_pos(?N, ?a)", "where the loop of index ?a sits in N"),
+    "readers": ("readers(?X) == 1", "exactly one equation reads X"),
+    "replace_at": ("replace_at(loops_of(?N), 0, with_kind(loop(?N, 0), P))", "N's loops, the outermost parallel"),
+    "subscripts_of": ("subscripts_of(?site)", "the subscript list of the matched tensor access"),
+    "tensor_name": ("tensor_name(?site)", "the name of the matched tensor access"),
+    "with_extent": ("with_extent(loop(?N, 0), 4)", "N's outermost loop with extent 4"),
+    "with_index": ("with_index(loop(?N, 0), ?io)", "N's outermost loop renamed to a fresh index ?io"),
+    "with_kind": ("with_kind(loop(?N, 0), U)", "N's outermost loop, unrolled"),
+    "writers": ("writers(?X) == 1", "exactly one equation writes X"),
+}
+
 _ROLE = re.compile(r":(?:func|data|class|meth|mod|attr):`~?([^`]+)`")
 
 
@@ -475,6 +494,9 @@ def rule_language_page(rules_directory: Path | None = None) -> str:
         w(f"`{name}({_value_args(name, arity, fn)})`: {_value_meaning(name, fn)}")
         w("")
         ex = _example(uses)
+        if not ex and name in VALUE_FUNCTION_EXAMPLES:
+            code, note = VALUE_FUNCTION_EXAMPLES[name]
+            ex = f"Example: `{code}`: {note}."
         if ex:
             w(ex)
             w("")
@@ -552,4 +574,4 @@ def write_rule_language(path: str | Path, rules_directory: Path | None = None) -
     return True
 
 
-__all__ = ["FIELD_DOCS", "VALUE_FUNCTION_DOCS", "md", "undocumented", "rule_language_page", "write_rule_language"]
+__all__ = ["FIELD_DOCS", "VALUE_FUNCTION_DOCS", "VALUE_FUNCTION_EXAMPLES", "md", "undocumented", "rule_language_page", "write_rule_language"]
