@@ -10,7 +10,8 @@
 # where results.jsonl, retime.jsonl and the summaries land (copy them to OUT/rounds/<k>/results
 # here and rerun the stp search command). WHEEL_DIR: a folder holding the cp312
 # apache_tvm_ffi wheel when the node lacks tvm_ffi (default .whl). DEADLINE_S: stop the run
-# cleanly after this many seconds (default 400).
+# cleanly after this many seconds (default 400). The whole measurement at size (sanitizer,
+# like-with-like baselines, torch.compile) is benchmarks/gpu_at_size.sh.
 set -u
 pack=${1:?PACK}; outdir=${2:?OUTDIR}; wheels=${3:-.whl}; deadline=${4:-400}
 t0=$(date +%s)

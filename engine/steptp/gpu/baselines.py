@@ -29,14 +29,13 @@ imported only inside the worker functions.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from ..backend import cuda_runtime as cr
 from ..backend.errors import BackendError
 from ..runner.cuda_timing import python_timer, time_rounds
-from ..runner.record import ProgramBaselines, Ratio, absent_baselines
+from ..runner.record import ProgramBaselines, Ratio, write_jsonl
 from ..runner.stats import paired_speedup, spread
 from . import node
 
@@ -272,7 +271,7 @@ def _left(deadline: float | None) -> float | None:
 def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_name: str, rounds: int = 8,
                   min_ms: float = 2.0, eager_cap_s: float = 120.0, compile_cap_s: float = 300.0,
                   compile_modes: tuple = (), torch_ok: bool = True, deadline: float | None = None,
-                  runner=None) -> list[ProgramBaselines]:
+                  runner=None, checkpoint=None) -> list[ProgramBaselines]:
     """Measure the baselines of every program of ``programs`` (manifest key -> manifest
     program) with one GPU worker ``runner`` (an :class:`steptp.runner.worker.IsolatedRunner`
     from :func:`steptp.runner.pool.shared`): ``best[okey]`` is ``(manifest entry, transformed)``:
@@ -281,8 +280,9 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
     deadline (``time.perf_counter()`` value) cuts the slowest last: eager + graph + kernels
     (``eager_cap_s`` per program), then each ``torch.compile`` mode of ``compile_modes``
     (``"compile"``, ``"compile_autotune"``: compilation capped at ``compile_cap_s``, then its
-    timing). Returns one :class:`ProgramBaselines` per program, every None figure with its
-    reason."""
+    timing). ``checkpoint(records)``, when given, is called after each phase (the node writes
+    ``baselines.jsonl`` then, so a run killed later keeps what finished). Returns one
+    :class:`ProgramBaselines` per program, every None figure with its reason."""
     sim = cr.simulated()
     out: dict[str, ProgramBaselines] = {}
     for okey, prog in programs.items():
@@ -314,22 +314,30 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
             continue
         _apply(b, got)
         b.seconds += time.perf_counter() - t0
+    for okey, b in out.items():  # until the compile phases fill them
+        for field_ in COMPILE_MODES:
+            for f in (f"{field_}_us", f"{field_}_s"):
+                b.set_reason(f, "deadline: the node's time ran out before this program's torch.compile")
+    if checkpoint is not None:
+        checkpoint(list(out.values()))
     # phase 2: torch.compile, each mode
     for field_, mode in COMPILE_MODES.items():
         for okey, b in out.items():
             us, cs = f"{field_}_us", f"{field_}_s"
             if field_ not in compile_modes:
                 flag = "--compile" if field_ == "compile" else "--autotune"
-                b.set_reason(us, f"not requested (python -m steptp.gpu.run {flag})")
-                b.set_reason(cs, f"not requested (python -m steptp.gpu.run {flag})")
+                b.set_reason_now(us, f"not requested (python -m steptp.gpu.run {flag})")
+                b.set_reason_now(cs, f"not requested (python -m steptp.gpu.run {flag})")
                 continue
             if b.best_py_us is None or b.torch_version is None:
                 why = b.reasons.get("eager_us") or b.reasons.get("best_py_us") or "no PyTorch model"
-                b.set_reason(us, why)
-                b.set_reason(cs, why)
+                b.set_reason_now(us, why)
+                b.set_reason_now(cs, why)
                 continue
             _compile(b, okey, best[okey][0], field_, mode, pack, refdir, runner, rounds, min_ms, compile_cap_s, deadline,
                      sim)
+        if checkpoint is not None:
+            checkpoint(list(out.values()))
     return list(out.values())
 
 
@@ -361,27 +369,26 @@ def _compile(b: ProgramBaselines, okey: str, e: dict, field_: str, mode: str, pa
     us, cs = f"{field_}_us", f"{field_}_s"
     left = _left(deadline)
     if left is not None and left < 5.0:
-        b.set_reason(us, "deadline: the node's time ran out before this program's torch.compile")
-        b.set_reason(cs, b.reasons[us])
+        b.set_reason_now(us, "deadline: the node's time ran out before this program's torch.compile")
+        b.set_reason_now(cs, b.reasons[us])
         return
     limit = cap if left is None else min(cap, left)
     try:
         got = runner.call(compile_model, pack, refdir, okey, mode, timeout_s=max(1.0, limit), discard_on_error=True)
     except BackendError as err:
-        why = f"over the {limit:g} s cap" + (" (the node's deadline)" if limit < cap else "") \
-            if "time limit" in err.reason else f"torch.compile failed: {err.reason}"
-        b.set_reason(us, why)
-        b.set_reason(cs, why)
-        return
+        got = {"error": f"over the {limit:g} s cap" + (" (the node's deadline)" if limit < cap else "")
+               if "time limit" in err.reason else f"torch.compile failed: {err.reason}"}
     if "error" in got:
-        b.set_reason(us, got["error"])
-        b.set_reason(cs, got["error"])
+        why = f"{_sim_reason()}; torch.compile on the CPU instead: {got['error']}" if sim else got["error"]
+        b.set_reason_now(us, why)
+        b.set_reason_now(cs, why)
         return
     secs = float(got["compile_s"])
     if sim:
         b.cpu_figures[cs] = secs
     else:
         setattr(b, cs, secs)
+        b.reasons.pop(cs, None)
     left = _left(deadline)
     try:
         tm = runner.call(time_compiled, pack, refdir, okey, e["transformed"] if b.best_id else e["original"], mode,
@@ -390,25 +397,26 @@ def _compile(b: ProgramBaselines, okey: str, e: dict, field_: str, mode: str, pa
     except BackendError as err:
         tm = {"error": f"timing the compiled model: {err.reason}"}
     if "error" in tm:
-        b.set_reason(us, tm["error"])
+        b.set_reason_now(us, tm["error"])
     elif sim:
         b.cpu_figures[us] = tm["us"]
         b.cpu_figures[f"speedup_vs_{field_}"] = tm["ratio"]
     else:
         setattr(b, us, tm["us"])
+        b.reasons.pop(us, None)
         b.iqr_us[us] = tm["iqr_us"]
         b.ratios[f"speedup_vs_{field_}"] = Ratio(**tm["ratio"])
     if sim:
         why = (f"{_sim_reason()}; torch.compile ran on the CPU instead (cpu_figures: compiled in {secs:.1f} s), "
                "not a GPU figure")
-        b.set_reason(us, why, keep=False)
-        b.set_reason(cs, why, keep=False)
+        b.set_reason_now(us, why)
+        b.set_reason_now(cs, why)
 
 
 def write_baselines(path: str | Path, records: list[ProgramBaselines]) -> None:
-    """``baselines.jsonl``: one line per program (:meth:`ProgramBaselines.to_json`)."""
-    p = Path(path)
-    p.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records), encoding="utf-8")
+    """``baselines.jsonl``: one line per program (:meth:`ProgramBaselines.to_json`), written
+    atomically (:func:`steptp.runner.record.write_jsonl`)."""
+    write_jsonl(path, records)
 
 
 __all__ = ["COMPILE_MODES", "measure_eager", "compile_model", "time_compiled", "run_baselines", "write_baselines"]

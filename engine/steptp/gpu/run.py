@@ -597,7 +597,8 @@ def _session(a, s: dict, t0: float) -> None:
     m = read_manifest(a.pack)
     out = Path(a.out)
     if a.sanitizer and (out / "retime.jsonl").is_file():
-        s["sanitizer"] = check_best(str(Path(a.pack).resolve()), out, m, cap_s=a.sanitizer_cap_s, deadline=deadline)
+        s["sanitizer"] = check_best(str(Path(a.pack).resolve()), out, m, cap_s=a.sanitizer_cap_s, deadline=deadline,
+                                    jobs=a.sanitizer_jobs)
     if a.baselines or a.compile or a.autotune:
         import importlib.util  # noqa: PLC0415
 
@@ -647,6 +648,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --retime-best: run each re-timed best under compute-sanitizer (memcheck; racecheck "
                          "where it uses shared memory); a finding rejects it")
     ap.add_argument("--sanitizer-cap-s", type=float, default=120.0, help="cap of one compute-sanitizer run, seconds")
+    ap.add_argument("--sanitizer-jobs", type=int, default=4, help="compute-sanitizer processes run at once")
+    ap.add_argument("--entries-deadline-s", type=float, default=None,
+                    help="stop the entries (verification and timing) after this many seconds and go on with the "
+                         "re-time, sanitizer and baselines under --deadline-s (the rest of the entries stay for a "
+                         "rerun)")
     ap.add_argument("--chunk", type=int, default=16, help="entries per worker call")
     ap.add_argument("--ref-jobs", type=int, default=None,
                     help="CPU worker processes computing the references (default: half the CPUs, 1 to 8)")
@@ -659,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     for flag, v in (("--jobs", 1 if a.jobs is None else a.jobs), ("--repeat", a.repeat), ("--chunk", a.chunk),
+                    ("--sanitizer-jobs", a.sanitizer_jobs),
                     ("--ref-jobs", 1 if a.ref_jobs is None else a.ref_jobs)):
         if v < 1:
             print(f"error: {flag} {v}: must be at least 1", file=sys.stderr)
@@ -670,7 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --sanitizer checks the re-timed best: only with --time --retime-best K", file=sys.stderr)
         return 2
     for flag, v in (("--timeout", a.timeout), ("--min-ms", a.min_ms), ("--baseline-cap-s", a.baseline_cap_s),
-                    ("--compile-cap-s", a.compile_cap_s), ("--sanitizer-cap-s", a.sanitizer_cap_s)):
+                    ("--compile-cap-s", a.compile_cap_s), ("--sanitizer-cap-s", a.sanitizer_cap_s),
+                    ("--entries-deadline-s", 1.0 if a.entries_deadline_s is None else a.entries_deadline_s)):
         if not v > 0:
             print(f"error: {flag} {v}: must be positive", file=sys.stderr)
             return 2
@@ -678,8 +686,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         kw = dict(per_call_s=a.timeout, rounds=a.repeat, min_ms=a.min_ms, progress=not a.quiet, jobs=a.jobs,
                   eager=not a.no_eager, chunk=a.chunk, ref_jobs=a.ref_jobs)
-        s = run_pack(a.pack, a.out, timing=a.time, deadline_s=a.deadline_s, **kw)
-        if a.retime_best and not s.get("stopped_at_deadline"):
+        first = a.deadline_s if a.entries_deadline_s is None else min(a.entries_deadline_s, a.deadline_s or 1e30)
+        s = run_pack(a.pack, a.out, timing=a.time, deadline_s=first, **kw)
+        over = s.get("stopped_at_deadline") and (a.entries_deadline_s is None or (
+            a.deadline_s is not None and time.perf_counter() - t0 >= a.deadline_s - 1.0))
+        if a.retime_best and not over:
             left = None if a.deadline_s is None else a.deadline_s - (time.perf_counter() - t0)
             if left is None or left > 1.0:
                 rs = retime_best(a.pack, a.out, a.retime_best, deadline_s=left, **kw)

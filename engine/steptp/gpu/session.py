@@ -24,13 +24,16 @@ def _refdir(results: Path) -> str:
 
 
 def check_best(pack: str, results: str | Path, manifest: dict, *, cap_s: float = 120.0,
-               deadline: float | None = None) -> dict:
+               deadline: float | None = None, jobs: int = 4) -> dict:
     """Run the sanitizer checks (:func:`steptp.gpu.sanitizer.check_function`, each capped at
-    ``cap_s`` seconds) over every Equal record of ``RESULTS/retime.jsonl`` (each program's
-    re-timed best), write the checks into those records and into the same entries of
-    ``results.jsonl``. Where no check can run (simulated device, no tool) the records get
-    ``sanitizer`` None and that reason. ``deadline``: a ``time.perf_counter()`` value.
-    Returns ``{"tool", "checked", "findings", "no_verdict", "reason", "seconds"}``."""
+    ``cap_s`` seconds, ``jobs`` processes at once: nothing is timed meanwhile) over every
+    Equal record of ``RESULTS/retime.jsonl`` (each program's re-timed best), write the checks
+    into those records and into the same entries of ``results.jsonl``. Where no check can
+    run (simulated device, no tool) the records get ``sanitizer`` None and that reason.
+    ``deadline``: a ``time.perf_counter()`` value. Returns ``{"tool", "checked", "findings",
+    "no_verdict", "reason", "seconds"}``."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
     t0 = time.perf_counter()
     results = Path(results)
     rt = results / "retime.jsonl"
@@ -38,26 +41,25 @@ def check_best(pack: str, results: str | Path, manifest: dict, *, cap_s: float =
     why = san.absent_reason()
     tool = None if why else san.find_tool()
     entries = {e["id"]: e for e in manifest["entries"]}
-    checked = findings = no_verdict = 0
-    for r in recs.values():
-        if r.status != "equal" or r.id not in entries:
-            continue
-        if why:
-            r.sanitizer, r.sanitizer_reason = None, why
-            continue
+    todo = [r for r in recs.values() if r.status == "equal" and r.id in entries]
+    for r in todo:
+        r.sanitizer, r.sanitizer_reason = None, why or "deadline: the node's time ran out before this check"
+
+    def one(r) -> None:
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left < 2.0:
-            r.sanitizer, r.sanitizer_reason = None, "deadline: the node's time ran out before this check"
-            continue
+            return
         r.sanitizer = san.check_function(pack, _refdir(results), r.program, entries[r.id]["transformed"], tool, cap_s,
                                          deadline)
-        checked += 1
-        findings += any(c.finding for c in r.sanitizer)
-        if r.sanitizer_clean() is None and not any(c.finding for c in r.sanitizer):
-            no_verdict += 1
-            r.sanitizer_reason = "; ".join(f"{c.tool}: {c.reason}" for c in r.sanitizer if c.reason)
-        else:
-            r.sanitizer_reason = ""
+        r.sanitizer_reason = "" if r.sanitizer_clean() is not None else \
+            "; ".join(f"{c.tool}: {c.reason}" for c in r.sanitizer if c.reason) or "no verdict"
+
+    if not why and todo:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+            list(ex.map(one, todo))
+    checked = sum(r.sanitizer is not None for r in todo)
+    findings = sum(r.sanitizer_clean() is False for r in todo)
+    no_verdict = sum(r.sanitizer is not None and r.sanitizer_clean() is None for r in todo)
     if recs:
         write_jsonl(rt, recs.values())
         main = read_entries(results / "results.jsonl")
@@ -107,7 +109,8 @@ def measure_baselines(pack: str, results: str | Path, manifest: dict, *, device_
     try:
         out = run_baselines(pack, _refdir(results), progs, choose_best(results, manifest), device_name=device_name,
                             rounds=rounds, min_ms=min_ms, eager_cap_s=eager_cap_s, compile_cap_s=compile_cap_s,
-                            compile_modes=compile_modes, torch_ok=torch_ok, deadline=deadline, runner=runner)
+                            compile_modes=compile_modes, torch_ok=torch_ok, deadline=deadline, runner=runner,
+                            checkpoint=lambda recs: write_baselines(results / "baselines.jsonl", recs))
     finally:
         runner.close()
     write_baselines(results / "baselines.jsonl", out)

@@ -313,17 +313,27 @@ class ProgramBaselines:
         if not (keep and self.reasons.get(name)):
             self.reasons[name] = why
 
+    def set_reason_now(self, name: str, why: str) -> None:
+        """Record why ``name`` is None, replacing an earlier reason."""
+        self.reasons[name] = why
+
     def missing_reasons(self) -> list[str]:
         """Time and ratio fields that are None without a reason (must be empty)."""
         out = [f for f in TIME_FIELDS if getattr(self, f) is None and not self.reasons.get(f)]
         return out + [r for r in RATIOS if self.ratios.get(r) is None and not self.reasons.get(r)]
 
     def fill_ratio_reasons(self) -> None:
-        """Give every missing ratio the reason of the missing time it needs."""
+        """Drop the reasons of fields that have a value; give every missing ratio the reason
+        of the missing time it needs."""
+        for f in TIME_FIELDS:
+            if getattr(self, f) is not None:
+                self.reasons.pop(f, None)
         for r, (base, ours) in RATIOS.items():
-            if self.ratios.get(r) is None and not self.reasons.get(r):
-                why = [f"{f}: {self.reasons.get(f) or 'not measured'}" for f in (base, ours) if getattr(self, f) is None]
-                self.reasons[r] = "; ".join(why) or "not timed interleaved"
+            if self.ratios.get(r) is not None:
+                self.reasons.pop(r, None)
+                continue
+            why = [f"{f}: {self.reasons.get(f) or 'not measured'}" for f in (base, ours) if getattr(self, f) is None]
+            self.reasons[r] = "; ".join(why) or "not timed interleaved"
 
     def to_json(self) -> dict:
         """A JSON-ready dict (ratios as dicts). Raises ``ValueError`` when a None field has no
