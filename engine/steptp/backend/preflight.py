@@ -214,14 +214,24 @@ def subscript_injective(target: A.Tensor, spatial: list[str], extents: dict[str,
     return need <= covered
 
 
-def _separates(entry: A.Expr, var: str, inner: dict[str, int]) -> bool:
+def _separates(entry: A.Expr, var: str, inner: dict[str, int], extent: int | None = None) -> bool:
     """True if equal values of ``entry`` imply equal ``var`` whatever the ``inner`` loop
-    indices (outer indices are fixed while ``var`` loops, so they cancel)."""
+    indices (outer indices are fixed while ``var`` loops, so they cancel): either ``var``'s
+    coefficient exceeds the span of the inner terms, or the form over ``var`` and the inner
+    indices is injective (a mixed-radix form such as a cooperative copy's
+    ``c*256+tx*16+ty``, where the serial ``c`` inside the thread loops is the most
+    significant digit: :func:`_mixed_radix`; needs ``var``'s ``extent``)."""
     f = linear_form(entry)
     if f is None or f.get(var, 0) == 0:
         return False
     span = sum(abs(c) * (inner[v] - 1) for v, c in f.items() if v and v != var and v in inner)
-    return abs(f[var]) > span
+    if abs(f[var]) > span:
+        return True
+    if extent is None:
+        return False
+    vs = [v for v, c in f.items() if v and c != 0 and (v == var or v in inner)]
+    ext = {v: (inner[v] if v != var else extent) for v in vs}
+    return _mixed_radix(f, vs, ext)
 
 
 # ---------------------------------------------------------------------------
@@ -259,13 +269,20 @@ def _private_per_iteration(lid: LoopId, w: str, inside: list[EqContext], all_ctx
     pos = [x for x, _ in first.loops].index(lid)
     inner_vars = {l.var: l.extent for _, l in first.loops[pos + 1:]}
     fixed = {l.var for _, l in first.loops[: pos + 1]}
-    region = []
+    others = {x for c in users if c is not first for x, _ in c.loops}
+    own = {l.var: l.extent for x, l in first.loops[pos + 1:] if x not in others}
+    region, seen = [], set()
     for e in first.eq.target.indices:
         names = _index_names(e)
+        if names & seen:
+            return False  # an index in two entries (a diagonal) writes no box
+        seen |= names
         if isinstance(e, A.Index) and e.name in inner_vars:
             region.append((0, inner_vars[e.name] - 1))
         elif not names - fixed and not list(tensor_refs(e)):
             region.append(None)  # a fixed point: the same in every read below only if identical
+        elif (span := _dense_span(e, own)) is not None:
+            region.append(span)  # a cooperative fill: one element per iteration of the writer's own loops
         else:
             return False
     from ..leir.analysis import interval  # noqa: PLC0415
@@ -288,6 +305,28 @@ def _private_per_iteration(lid: LoopId, w: str, inside: list[EqContext], all_ctx
                 if lo < region[d][0] or hi > region[d][1]:
                     return False
     return True
+
+
+def _dense_span(e: A.Expr, own: dict[str, int]) -> tuple[int, int] | None:
+    """``(lo, hi)`` when ``e`` is an affine form over loop indices of ``own`` (index ->
+    extent: loops that enclose the writing equation and no reader) that takes every value
+    of ``lo..hi`` exactly once (a dense mixed-radix form with positive coefficients, e.g.
+    the flat index ``c*256+tx*16+ty`` of a tile that the block's threads fill
+    cooperatively); ``None`` otherwise. Each run of those loops writes the whole interval
+    before any reader runs."""
+    f = linear_form(e)
+    if f is None:
+        return None
+    vs = [v for v, c in f.items() if v and c != 0]
+    if not vs or any(v not in own or f[v] < 0 for v in vs):
+        return None
+    stride = 1
+    for v in sorted(vs, key=lambda x: f[x]):
+        if f[v] != stride:
+            return None
+        stride *= own[v]
+    lo = f.get("", 0)
+    return lo, lo + stride - 1
 
 
 def reduction_combiner(eq: A.Assign) -> str | None:
@@ -400,7 +439,7 @@ def concurrent_loop_problems(lid: LoopId, loop: A.Loop, ctxs: list[EqContext], w
         if all(len(t.indices) == rank for t in acc):
             for d in range(rank):
                 entries = {t.indices[d] for t in acc}
-                if len(entries) == 1 and _separates(next(iter(entries)), v, inner):
+                if len(entries) == 1 and _separates(next(iter(entries)), v, inner, loop.extent):
                     ok = True
                     break
         if not ok:

@@ -10,6 +10,7 @@ Public API::
 
 from . import values as _values  # noqa: F401 - registers the rule-language value functions (all of them)
 from . import structural as _structural  # noqa: F401 - registers the structural rewrite primitives
+from . import tiling as _tiling  # noqa: F401 - registers the GPU tiling value functions
 from .apply import (NoMatch, PreflightRejected, Step, apply_rule, checked_candidates, list_candidates,
                     new_preflight_problems, site_nests)
 from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_sites_many

@@ -1,0 +1,188 @@
+"""Rule-language value functions for GPU tiling (shared-memory tiles fetched cooperatively,
+register micro-tiles, vector-width copies): the loops around an equation, its thread loops,
+row-major flat indices of a loop list and their inverse, and the alignment of a contiguous
+run of elements. Generic like :mod:`steptp.engine.values` (no rule is named here); registered
+in :data:`~steptp.engine.primitives.VALUE_FUNCTIONS` on import and documented in
+``rules/README.md`` ("Values", GPU tiling). Used by ``rules/shared_memory_tiling.yaml`` and
+``rules/register_tiling.yaml``; tested in ``tests/test_shared_memory_tiling.py``.
+
+Sources: TVM ``tvm.s_tir.Schedule.cache_read``/``cache_write``/``fuse``/``split``/``bind``
+(the cooperative fetch of a tile: the copy's loops fused, split by the block's thread count
+and bound to the threads), CUDA C Programming Guide §5.3.2 (coalesced, aligned vector
+accesses of 2 or 4 elements).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..leir import ast as A
+from ..leir.indexarith import simplify_index
+from .navigation import enclosing_loops
+from .primitives import VALUE_FUNCTIONS, EqRef, ValueExprError, get_item
+from .values import _expr, _loop_list, _name, _seq, _shape, free_indices, subst_index
+
+
+def _eq(fn: str, ctx, e) -> A.Assign:
+    if not isinstance(e, EqRef):
+        raise ValueExprError(f"{fn}: expected an equation, got {e!r}")
+    item = get_item(ctx.module.program, e.path)
+    if not isinstance(item, A.Assign):
+        raise ValueExprError(f"{fn}: {e} is not an equation")
+    return item
+
+
+def eq_loops(ctx, e) -> tuple:
+    """``eq_loops(E)``: the loops enclosing equation E, outermost first (those of every nest
+    on its path, inner nests included)."""
+    _eq("eq_loops", ctx, e)
+    return tuple(enclosing_loops(ctx.module.program, e.path))
+
+
+def reduction_axes(ctx, e) -> tuple[str, ...]:
+    """``reduction_axes(E)``: the index names of the loops around E that are reduction
+    axes of E (E reads its own target, and the index is absent from the target's
+    subscript: LEIR's reduction semantics, paper §3); empty for a plain store."""
+    eq = _eq("reduction_axes", ctx, e)
+    if not any(isinstance(x, A.Tensor) and x.name == eq.target.name for x in A.walk(eq.value)):
+        return ()
+    used = set(free_indices(tuple(eq.target.indices)))
+    return tuple(l.var for l in enclosing_loops(ctx.module.program, e.path) if l.var not in used)
+
+
+def thread_loops(ctx, loops) -> tuple:
+    """``thread_loops(L)``: the loops of L bound to a threadIdx axis (``B`` loops named
+    ``tx..``, ``ty..``, ``tz..``), in order: one iteration of them is one thread of a block."""
+    return tuple(l for l in _loop_list(loops, "thread_loops") if l.kind == "B" and l.var[:1] == "t")
+
+
+def extent_product(ctx, loops) -> int:
+    """``extent_product(L)``: the product of L's extents (1 for an empty list): the
+    elements of a tile over L, the threads of a block over its thread loops."""
+    return math.prod(l.extent for l in _loop_list(loops, "extent_product"))
+
+
+def _strides(loops: tuple) -> list[int]:
+    out, s = [], 1
+    for l in reversed(loops):
+        out.append(s)
+        s *= l.extent
+    return out[::-1]
+
+
+def linear_index(ctx, loops) -> A.Expr:
+    """``linear_index(L)``: the row-major flat index of L's indices with L's extents,
+    ``i0*(n1*n2) + i1*n2 + i2`` (the first loop most significant; ``0`` for an empty
+    list). A tile stored as one flat shared array is read at the flat index of the loops it
+    is indexed by; a cooperative copy writes element ``linear_index(c, threads.., v)``."""
+    ls = _loop_list(loops, "linear_index")
+    expr: A.Expr | None = None
+    for l, s in zip(ls, _strides(ls)):
+        term = A.Index(l.var) if s == 1 else A.BinOp("*", A.Index(l.var), A.Int(s))
+        expr = term if expr is None else A.BinOp("+", expr, term)
+    return expr if expr is not None else A.Int(0)
+
+
+def delinearized(ctx, term, loops, flat, ranges=()) -> A.Expr | tuple:
+    """``delinearized(t, L, f)``: term or subscript list ``t`` with each index of L replaced
+    (simultaneously) by its row-major coordinate of the flat index ``f``
+    (``(f // stride) % extent``; no ``%`` for the first loop, no ``//`` for the last), the
+    inverse of :func:`linear_index`. With ``ranges`` (a loop list: the loops ``f`` runs over)
+    each resulting subscript entry is simplified with their extents
+    (:func:`steptp.leir.indexarith.simplify_index`)."""
+    ls = _loop_list(loops, "delinearized")
+    if not ls:
+        return term
+    f = _expr("delinearized", flat)
+    pairs: list = []
+    for k, (l, s) in enumerate(zip(ls, _strides(ls))):
+        c = f if s == 1 else A.BinOp("//", f, A.Int(s))
+        if k > 0:
+            c = A.BinOp("%", c, A.Int(l.extent))
+        pairs += [l.var, c]
+    out = subst_index(ctx, term, *pairs)
+    rng = {l.var: l.extent for l in _loop_list(tuple(_seq("delinearized", ranges)) if ranges else (), "delinearized")}
+    if rng:
+        out = tuple(simplify_index(x, rng) for x in out) if isinstance(out, tuple) else simplify_index(out, rng)
+    return out
+
+
+def loops_in_order(ctx, loops, names) -> tuple:
+    """``loops_in_order(L, names)``: the loops of L whose index is in ``names``, in the order
+    of ``names`` (e.g. ``free_indices(?l)``: a tile's loops in the order its tensor's
+    subscript uses them, so the tile keeps the tensor's layout)."""
+    by = {l.var: l for l in _loop_list(loops, "loops_in_order")}
+    return tuple(by[n] for n in (_name(x) for x in _seq("loops_in_order", names)) if n in by)
+
+
+def serial_loop(ctx, index, extent) -> tuple:
+    """``serial_loop(i, n)``: the one-loop list ``L^{n}_{i=0}``, or the empty list when
+    ``n == 1`` (a copy that needs no loop of its own)."""
+    if not isinstance(extent, int) or isinstance(extent, bool) or extent < 1:
+        raise ValueExprError(f"serial_loop: the extent must be a positive integer, got {extent!r}")
+    return () if extent == 1 else (A.Loop("L", extent, _name(index)),)
+
+
+def aligned_run(ctx, sub, name, index, width) -> bool:
+    """``aligned_run(l, X, i, w)``: the elements of X at subscript ``l`` form aligned runs
+    of ``w`` consecutive elements along loop index ``i``: ``i`` occurs only in the last
+    entry, there with coefficient 1 in an affine form whose other coefficients and constant
+    are multiples of ``w``, and X's last dimension is a multiple of ``w`` (so every run
+    starts at an address aligned to ``w`` elements, as CUDA's ``float2``/``float4`` loads
+    require: CUDA C Programming Guide §5.3.2). Run start: ``i`` a multiple of ``w``."""
+    from ..backend.preflight import linear_form  # noqa: PLC0415
+
+    w = width if isinstance(width, int) else 0
+    entries = tuple(_seq("aligned_run", sub))
+    v = _name(index)
+    if w < 1 or not entries:
+        return False
+    if w == 1:
+        return True
+    if any(v in free_indices(e) for e in entries[:-1]):
+        return False
+    f = linear_form(_expr("aligned_run", entries[-1]))
+    if f is None or f.get(v) != 1:
+        return False
+    if any(c % w for k, c in f.items() if k != v):
+        return False
+    return _shape(ctx, _name(name), "aligned_run")[-1] % w == 0
+
+
+def dtype_bytes(ctx, dt) -> int:
+    """``dtype_bytes(dt)``: bytes of one element of LEIR dtype ``dt`` (``f32`` -> 4)."""
+    code = _name(dt)
+    if code not in A.DTYPE_BYTES:
+        raise ValueExprError(f"dtype_bytes: unknown dtype {code!r}")
+    return A.DTYPE_BYTES[code]
+
+
+TILING_FUNCTIONS = {
+    "dtype_bytes": (1, dtype_bytes),
+    "eq_loops": (1, eq_loops),
+    "reduction_axes": (1, reduction_axes),
+    "thread_loops": (1, thread_loops),
+    "extent_product": (1, extent_product),
+    "linear_index": (1, linear_index),
+    "delinearized": (-1, lambda ctx, *a: delinearized(ctx, *a) if len(a) in (3, 4) else _arity("delinearized")),
+    "loops_in_order": (2, loops_in_order),
+    "serial_loop": (2, serial_loop),
+    "aligned_run": (4, aligned_run),
+}
+
+
+def _arity(fn: str):
+    raise ValueExprError(f"{fn} takes 3 or 4 arguments")
+
+
+def _register() -> None:
+    dup = sorted(set(TILING_FUNCTIONS) & set(VALUE_FUNCTIONS))
+    if dup:
+        raise RuntimeError(f"value function(s) defined twice: {', '.join(dup)}")
+    VALUE_FUNCTIONS.update(TILING_FUNCTIONS)
+
+
+_register()
+
+__all__ = ["TILING_FUNCTIONS", "eq_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
+           "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run"]
