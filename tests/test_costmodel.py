@@ -54,6 +54,7 @@ def timed(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def model_file(timed, tmp_path_factory) -> Path:
+    pytest.importorskip("lightgbm", reason="needs lightgbm, which is not installed (pip install '.[costmodel]')")
     path = tmp_path_factory.mktemp("model") / "model.json"
     r = runner.invoke(app, ["costmodel", "train", str(timed), "-o", str(path)])
     assert r.exit_code == 0, r.output

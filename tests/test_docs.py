@@ -88,7 +88,8 @@ def test_readme_tour_runs_verbatim(tmp_path):
     outputs = []
     for line in cmds:
         r = _run(line, cwd)
-        assert r.returncode == 0, f"README tour: `{line}` exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        assert r.returncode == 0, \
+            f"README tour: `{line}` exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
         outputs.append(r.stdout)
     assert "Equal  pass" in outputs[0] and "Equal  pass" in outputs[2]
     assert "Loop split" in outputs[1]

@@ -365,7 +365,7 @@ def test_gpu_run_matches_cpu(tmp_path):
     assert compare(build_perf_cpu(m)(x)["C"], got, "f32")[0]
 
 
-@pytest.mark.skipif(cr.nvcc_path() is None, reason="nvcc not on PATH")
+@pytest.mark.needs("cuda_compiler")
 def test_ptx_cache_callback_returns_the_cached_ptx(tmp_path):
     import tvm_ffi
 

@@ -574,4 +574,5 @@ def write_rule_language(path: str | Path, rules_directory: Path | None = None) -
     return True
 
 
-__all__ = ["FIELD_DOCS", "VALUE_FUNCTION_DOCS", "VALUE_FUNCTION_EXAMPLES", "md", "undocumented", "rule_language_page", "write_rule_language"]
+__all__ = ["FIELD_DOCS", "VALUE_FUNCTION_DOCS", "VALUE_FUNCTION_EXAMPLES", "md", "undocumented", "rule_language_page",
+           "write_rule_language"]
