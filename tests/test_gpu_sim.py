@@ -23,6 +23,7 @@ from steptp.runner import cuda_timing as ct
 from steptp.backend.hardware import H100
 from steptp.leir import load_leir, parse_leir
 from steptp.resources import rules_dir
+from steptp.runner.record import STATUSES
 from steptp.runner.worker import IsolatedRunner, WorkerCallError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,7 +270,7 @@ def test_pack_run_runtime_only_then_merge(sim, tmp_path):
     assert r.stderr.count("torch does not import") == 1, r.stderr
     recs = {x["id"]: x for x in map(json.loads, (res / "results.jsonl").read_text().splitlines())}
     assert len(recs) == n
-    assert not any("eager_us" in x for x in recs.values())
+    assert all(x["eager"] is None and x["schema"] == 1 and x["status"] in STATUSES for x in recs.values())
     bad = [i for i, x in recs.items() if not x["transformed"]["equal"]]
     same_fn = {e["id"] for e in m["entries"] if e["transformed"] == e0["transformed"]}
     assert e0["id"] in bad and set(bad) <= same_fn | {wrong["id"]}, bad  # the faulty function, the wrong entry
@@ -301,15 +302,16 @@ def test_pack_run_runtime_only_then_merge(sim, tmp_path):
     assert r.returncode == 0 and json.loads((res / "summary.json").read_text())["ran_now"] == 1
     assert len([json.loads(x) for x in (res / "results.jsonl").read_text().splitlines()]) == n
 
-    # where torch imports (this interpreter), PyTorch eager and torch.compile are timed beside
-    # every entry of the .py program, on the simulated device's CPU; two workers
+    # where torch imports (this interpreter), PyTorch eager is timed beside every entry of the
+    # .py program, on the simulated device's CPU; two workers (the like-with-like baselines
+    # and torch.compile: tests/test_gpu_node_baselines.py)
     res2 = tmp_path / "res2"
-    r = run(STP, "gpu", "run", pack, "-o", res2, "-j", "2", "--compile", "-q", env=sim)
+    r = run(STP, "gpu", "run", pack, "-o", res2, "-j", "2", "-q", env=sim)
     assert r.returncode == 0, r.stderr
     assert "torch does not import" not in r.stderr
     recs2 = [json.loads(x) for x in (res2 / "results.jsonl").read_text().splitlines()]
-    assert len(recs2) == n and all(x["eager_us"] > 0 for x in recs2), [x.get("eager") for x in recs2]
-    assert all(x["compile_us"] > 0 and x["eager"]["original_us"] > 0 for x in recs2)
+    assert len(recs2) == n and all(x["eager"]["eager_us"] > 0 for x in recs2), [x.get("eager") for x in recs2]
+    assert all(x["eager"]["original_us"] > 0 for x in recs2)
     assert {x["id"] for x in recs2 if not x["transformed"]["equal"]} == {wrong["id"]}
     s2 = json.loads((res2 / "summary.json").read_text())
     assert s2["eager_programs"] == 1 and s2["jobs"] == 2
@@ -468,3 +470,90 @@ def test_an_epilogue_fused_bound_gemm_runs_equal_on_the_simulated_device(sim, tm
                      "L^{16}_{c=0}[E^{f32,g}_{tx,bxa}=E^{f32,g}_{tx,bxa}*2.0+A^{f32,g}_{tx,c}*C^{f32,g}_{bxa,c};];];\n")
     r = run(STP, "verify", orig, wrong, "--device", "cuda", env=sim)
     assert r.returncode != 0 and "Equal  pass" not in r.stdout, r.stdout + r.stderr
+
+
+def test_node_baselines_sanitizer_and_records_on_the_simulated_device(sim, tmp_path):
+    """A real pack run by ``python -m steptp.gpu.run`` with the re-time, the sanitizer and the
+    like-with-like baselines (issue 44) writes records that round-trip (issue 45); every
+    baseline figure is a number or None with its reason; GPU-only baselines name the
+    simulated device; torch.compile's path runs on the CPU under its cap and never lands in a
+    GPU field; the sanitizer's launcher runs the function once on the reference inputs."""
+    from steptp.runner.record import (RATIOS, TIME_FIELDS, EntryRecord, ProgramBaselines, read_baselines,
+                                      read_entries)
+
+    ds = tmp_path / "ds"  # two entries of a program from a .py file (PyTorch eager exists for it)
+    r = run(STP, "dataset", EXAMPLES / "softmax.py", "-o", ds, "--rule", rules_dir() / "loop_split.yaml",
+            "--rule", rules_dir() / "loop_reorder.yaml", "--per-rule", "1", "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    pack = tmp_path / "pack"
+    r = run(STP, "gpu", "pack", ds, "-o", pack, "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((pack / "manifest.json").read_text())
+    assert all(p.get("torch") for p in m["programs"].values())
+    res = tmp_path / "res"
+    args = ["--time", "--repeat", "3", "--min-ms", "0.2", "--retime-best", "1", "--sanitizer", "--baselines",
+            "--compile", "--autotune", "--compile-cap-s", "2", "-q"]
+    r = run(sys.executable, "-m", "steptp.gpu.run", pack, "-o", res, *args, env=sim)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    for name in ("results.jsonl", "retime.jsonl"):
+        for line in (res / name).read_text().splitlines():
+            d = json.loads(line)
+            assert EntryRecord.from_json(d).to_json() == d  # the one record, round-trip
+    recs, again = read_entries(res / "results.jsonl"), read_entries(res / "retime.jsonl")
+    assert len(recs) == len(m["entries"]) and set(again) <= set(recs) and again
+    for x in again.values():  # the simulated device runs no CUDA kernel: no sanitizer verdict, said why
+        assert x.sanitizer is None and "simulated" in x.sanitizer_reason
+    s = json.loads((res / "summary.json").read_text())
+    assert s["sanitizer"]["reason"].startswith("the simulated CUDA device") and s["baselines"]["programs"] == 1
+    (b,) = read_baselines(res).values()
+    line = json.loads((res / "baselines.jsonl").read_text())
+    assert ProgramBaselines.from_json(line).to_json() == line and line["schema"] == 1
+    fields = b.summary_fields()
+    for f in list(TIME_FIELDS) + list(RATIOS):
+        assert isinstance(fields[f], float) or (fields[f] is None and fields[f"{f}_reason"]), (f, fields)
+    assert b.device == "cuda-sim" and b.dtypes == {s[0]: s[2] for s in m["programs"][b.program]["specs"]}
+    assert b.best_us > 0 and b.best_py_us > 0 and b.eager_us > 0 and b.original_us > 0  # CPU figures, labelled
+    assert b.best_id is None or (b.best_id in again and again[b.best_id].timing.ci[0] > 1.0)
+    assert "simulated" in fields["eager_graph_us_reason"]
+    for f in ("compile_us", "compile_s", "compile_autotune_us", "compile_autotune_s"):
+        assert fields[f] is None and "over the 2 s cap" in fields[f"{f}_reason"] and "simulated" in fields[f"{f}_reason"]
+    lo, hi = fields["speedup_vs_eager_ci"]
+    assert lo <= fields["speedup_vs_eager"] <= hi
+    assert "Baselines, like with like" in (res / "report.md").read_text()
+
+    # torch.compile's path to the end on the CPU (gcc): compiled, timed interleaved with ours
+    # from Python, kept in cpu_figures only, the GPU fields None with the reason
+    r = run(sys.executable, "-m", "steptp.gpu.run", pack, "-o", res, "--compile", "--compile-cap-s", "400",
+            "--repeat", "3", "--min-ms", "0.2", "-q", env=sim)
+    assert r.returncode == 0, r.stderr
+    (b,) = read_baselines(res).values()
+    assert b.compile_us is None and b.compile_s is None and "not a GPU figure" in b.reasons["compile_us"]
+    assert b.cpu_figures["compile_s"] > 0 and b.cpu_figures["compile_us"] > 0
+    assert b.cpu_figures["speedup_vs_compile"]["rounds"] == 3
+
+    # the node without torch (numpy and tvm_ffi only): the baselines say so, ours are timed
+    ro = _runtime_only_env(tmp_path, pack, sim)
+    base = getattr(sys, "_base_executable", sys.executable)
+    r = run(base, "-S", "-s", "-m", "steptp.gpu.run", pack, "-o", res, "--baselines", "--repeat", "3", "--min-ms",
+            "0.2", "-q", env=ro)
+    assert r.returncode == 0, r.stderr
+    (b,) = read_baselines(res).values()
+    assert b.eager_us is None and b.reasons["eager_us"] == "torch does not import on this node" and b.best_py_us > 0
+
+    # the sanitizer's launcher: one launch of the function on trial 0's reference inputs
+    e = m["entries"][0]
+    argv = [*__import__("steptp.gpu.sanitizer", fromlist=["x"]).launcher_argv(
+        str(pack), str(res / "references"), e["program"], e["transformed"])]
+    r = run(*argv, env=sim)
+    assert r.returncode == 0 and "launched" in r.stdout, r.stderr
+    r = run(*argv[:3], env=sim)
+    assert r.returncode == 2 and "usage" in r.stderr
+
+    # results of another schema version: refused with one line, exit 2
+    lines = (res / "results.jsonl").read_text().splitlines()
+    (res / "results.jsonl").write_text("\n".join(lines[:-1] + [json.dumps({**json.loads(lines[-1]), "schema": 7})])
+                                       + "\n")
+    r = run(sys.executable, "-m", "steptp.gpu.run", pack, "-o", res, "-q", env=sim)
+    assert r.returncode == 2 and "results written by schema 7, this stp reads 1" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
