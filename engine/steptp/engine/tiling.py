@@ -19,7 +19,7 @@ import math
 from ..leir import ast as A
 from ..leir.indexarith import simplify_index
 from .navigation import enclosing_loops
-from .primitives import VALUE_FUNCTIONS, EqRef, ValueExprError, get_item
+from .primitives import VALUE_FUNCTIONS, EqRef, NestRef, ValueExprError, get_item
 from .values import _expr, _loop_list, _name, _seq, _shape, free_indices, subst_index
 
 
@@ -37,6 +37,14 @@ def eq_loops(ctx, e) -> tuple:
     on its path, inner nests included)."""
     _eq("eq_loops", ctx, e)
     return tuple(enclosing_loops(ctx.module.program, e.path))
+
+
+def outer_loops(ctx, n) -> tuple:
+    """``outer_loops(N)``: the loops enclosing nest N (those of the nests it is nested in,
+    outermost first; empty for a top-level nest), not N's own."""
+    if not isinstance(n, NestRef):
+        raise ValueExprError(f"outer_loops: expected a nest, got {n!r}")
+    return tuple(enclosing_loops(ctx.module.program, n.path)) if len(n.path) > 1 else ()
 
 
 def reduction_axes(ctx, e) -> tuple[str, ...]:
@@ -160,6 +168,7 @@ def dtype_bytes(ctx, dt) -> int:
 TILING_FUNCTIONS = {
     "dtype_bytes": (1, dtype_bytes),
     "eq_loops": (1, eq_loops),
+    "outer_loops": (1, outer_loops),
     "reduction_axes": (1, reduction_axes),
     "thread_loops": (1, thread_loops),
     "extent_product": (1, extent_product),
@@ -184,5 +193,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["TILING_FUNCTIONS", "eq_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
+__all__ = ["TILING_FUNCTIONS", "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
            "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run"]
