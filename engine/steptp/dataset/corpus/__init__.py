@@ -40,6 +40,15 @@ likely) is halved and the recipe is rebuilt. :data:`DEFAULT_BUDGET` keeps a
 program small enough that CPU verification of its translation takes well under a second;
 pass a larger ``budget`` (e.g. :data:`GPU_BUDGET`) for GPU runs.
 
+A budget of at least :data:`GPU_BUDGET` (``stp corpus --gpu``) also selects the *GPU sizing*:
+sizes are then doubled or halved until the program's estimated PyTorch-eager time on an H200
+(``render.eager_estimate_us``, a per-component roofline with eager's efficiencies) lies in
+:data:`GPU_TARGET_US`, inside the field's 0.1-15 ms per program (KernelBench resized its level
+1-2 problems to that range because µs-scale tasks measure launch overhead), with no tensor over
+:data:`GPU_MAX_BYTES`; the header then records ``eager_estimate_us``.
+``benchmarks/gpu_corpus_sizes.py`` checks where the set lands with an independent estimate
+(the real ATen ops traced on the meta device, and the translation's speed of light).
+
 Dtypes
 ------
 float16, float32 and float64 (drawn per program). Inputs and parameters are created in the
@@ -56,8 +65,8 @@ and budget, which are exactly the arguments that regenerate it.
 
 from __future__ import annotations
 
-from .builder import (CATEGORIES, DEFAULT_BUDGET, DTYPE_WEIGHTS, DTYPES, GPU_BUDGET, MAX_DIM,  # noqa: I001
-                      CorpusError)
+from .builder import (CATEGORIES, DEFAULT_BUDGET, DTYPE_WEIGHTS, DTYPES, GPU_BUDGET, GPU_MAX_BYTES,  # noqa: I001
+                      GPU_MAX_DIM, GPU_TARGET_US, MAX_DIM, CorpusError)
 from .components import Component, COMPONENTS
 from .render import program_source, ProgramType
 from .catalogue import PROGRAM_TYPES
@@ -65,7 +74,8 @@ from .generate import generate_corpus, generate_program, parse_header, program_s
 from .check import format_report, verify_corpus
 
 __all__ = [
-    "DEFAULT_BUDGET", "GPU_BUDGET", "MAX_DIM", "DTYPES", "DTYPE_WEIGHTS", "CATEGORIES",
+    "DEFAULT_BUDGET", "GPU_BUDGET", "GPU_TARGET_US", "GPU_MAX_BYTES", "GPU_MAX_DIM", "MAX_DIM", "DTYPES",
+    "DTYPE_WEIGHTS", "CATEGORIES",
     "Component", "ProgramType", "CorpusError", "COMPONENTS", "PROGRAM_TYPES",
     "generate_program", "generate_corpus", "verify_corpus", "format_report", "parse_header", "program_seed",
     "program_source",

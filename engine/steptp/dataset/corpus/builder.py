@@ -6,14 +6,28 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 
 #: default per-program work budget (estimated FLOPs + input elements): CPU-verifiable quickly
 DEFAULT_BUDGET = 1 << 20
-#: a budget suited to GPU runs (dims up to :data:`MAX_DIM` become reachable)
-GPU_BUDGET = 1 << 34
+#: the ``--gpu`` budget. A budget at least this large also selects the *GPU sizing*
+#: (:func:`~steptp.dataset.corpus.render.eager_estimate_us`): drawn sizes are then doubled or
+#: halved until a program's estimated PyTorch-eager time on an H200 lies in
+#: :data:`GPU_TARGET_US` (the field's 0.1-15 ms, KernelBench), no tensor over
+#: :data:`GPU_MAX_BYTES`. 2^38 leaves room for an f16 GEMM of ~0.5 ms on tensor cores.
+GPU_BUDGET = 1 << 38
+#: estimated eager time (µs, H200) the GPU sizing aims at: inside the field's 0.1-15 ms with a
+#: margin for the estimate's error (a factor of 2-3: benchmarks/gpu_corpus_sizes.py)
+GPU_TARGET_US = (500.0, 3000.0)
+#: largest tensor (bytes) the GPU sizing lets a program have: 1 GiB
+GPU_MAX_BYTES = 1 << 30
+#: the GPU sizing may grow a size drawn with a maximum of at least 256 (a length, a feature
+#: count: not a head or group count) past that maximum, up to this (KernelBench's resized level-1
+#: problems use rows of 393,216 elements; a 1-D input needs more); :data:`GPU_MAX_BYTES` binds first
+GPU_MAX_DIM = 1 << 28
 #: largest size any single dimension is drawn from (paper §3.1: "up to 16,384")
 MAX_DIM = 16384
 #: dtypes a corpus draws from, and their weights
@@ -88,6 +102,23 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+def _module_weight(ctor: str) -> int:
+    """Elements of the weight an ``nn.Linear(I, O...)`` or ``nn.Conv*(C, Co, kernel_size=K...)``
+    constructor creates (``C * Co / groups * prod(K)``); 0 for other modules (norms, pools: at
+    most a channel vector)."""
+    m = re.match(r"nn\.Linear\((\d+), (\d+)", ctor)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    m = re.match(r"nn\.Conv(?:Transpose)?\dd\((\d+), (\d+), kernel_size=(\d+|\([\d, ]+\))", ctor)
+    if m:
+        nd = int(re.search(r"(\d)d\(", ctor).group(1))
+        k = [int(v) for v in re.findall(r"\d+", m.group(3))]
+        kvol = _numel(k if len(k) > 1 else k * nd)
+        g = re.search(r"groups=(\d+)", ctor)
+        return int(m.group(1)) * int(m.group(2)) // (int(g.group(1)) if g else 1) * kvol
+    return 0
+
+
 # --------------------------------------------------------------------------------------
 # builder
 # --------------------------------------------------------------------------------------
@@ -127,6 +158,7 @@ class _Builder:
         self.budget = budget
         self.values: dict[str, Any] = {}
         self.lo: dict[str, int] = {}          # shrinkable integer draws -> their minimum
+        self.hi: dict[str, int] = {}          # ... and their maximum (the GPU sizing grows them up to it)
         self.single = False
 
     # ---- per build ----
@@ -142,6 +174,8 @@ class _Builder:
         self.has_state = False
         self.residual: tuple | None = None     # (line index, shape) of the residual source
         self.residual_used = False
+        self.parts: list[tuple[int, int]] = []  # per component: (work, elements read + written)
+        self.weights: list[int] = []            # elements of each parameter tensor (the GPU sizing's cap)
 
     # ---- draws ----
     def _key(self, k: str, kind: str = "") -> str:
@@ -154,6 +188,7 @@ class _Builder:
             hi = max(lo, min(hi, MAX_DIM))
             self.values[key] = _logint(self.rng.random(), lo, hi)
             self.lo[key] = lo
+            self.hi[key] = hi
         return self.values[key]
 
     def pick(self, k: str, options: Sequence[Any]) -> Any:
@@ -200,6 +235,7 @@ class _Builder:
         name = self.attr(base)
         self.init_lines.append(f"self.{name} = {ctor}")
         self.has_state = True
+        self.weights.append(_module_weight(ctor))
         return f"self.{name}"
 
     def param(self, base: str, shape: Sequence[int], scale: float | None = None) -> str:
@@ -207,7 +243,9 @@ class _Builder:
         if scale is not None:
             init += f" * {_num(scale)}"
         self.work += _numel(shape)
-        return self.module(base, f"nn.Parameter({init})")
+        out = self.module(base, f"nn.Parameter({init})")
+        self.weights[-1] = _numel(shape)
+        return out
 
     def init(self, line: str) -> None:
         self.init_lines.append(line)
