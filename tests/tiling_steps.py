@@ -1,0 +1,73 @@
+"""The step sequences that take a translated GEMM and a 2-D convolution to the tiled GPU form
+(thread blocks and threads bound, a register micro-tile, shared tiles of both inputs fetched
+cooperatively, vectorized copies, an unrolled inner loop), as data: each step is
+``(rule id, site filter, params)``, applied one at a time through the engine's public API
+(:func:`steptp.engine.apply_rule`). Shared by ``tests/test_tiling_sequence.py`` and
+``tests/test_shared_memory_tiling.py``.
+
+A site filter is a dict: ``nest`` (a path), ``loop`` (a loop position in that nest) and
+``bindings`` (metavariable -> LEIR text, e.g. ``{"Z": "A"}``: the tensor a tile stages);
+:func:`pick` returns the one site of the rule that matches it (an error if none or several).
+"""
+
+from __future__ import annotations
+
+from steptp.engine import apply_rule, find_sites
+from steptp.leir.fileformat import LeirModule
+from steptp.rules import load_rules
+
+RULES = {r.id: r for r in load_rules()}
+
+
+def pick(rule_id: str, module: LeirModule, spec: dict):
+    """The one site of rule ``rule_id`` in ``module`` that matches the filter ``spec``."""
+    want = dict(spec)
+    binds = want.pop("bindings", {})
+    hits = []
+    for s in find_sites(RULES[rule_id], module):
+        d = s.describe()
+        if "nest" in want and tuple(want["nest"]) != tuple(d.get("nest", ())):
+            continue
+        if "loop" in want and want["loop"] != d.get("loop"):
+            continue
+        if any(d["bindings"].get(k) != v for k, v in binds.items()):
+            continue
+        hits.append(s)
+    assert len(hits) == 1, f"{rule_id} {spec}: {len(hits)} matching site(s) in\n{module.program}"
+    return hits[0]
+
+
+def run_steps(module: LeirModule, steps, check=None):
+    """Apply ``steps`` in turn; ``check(before, after, step)`` runs after each. Returns the
+    list of modules, the input first."""
+    out = [module]
+    for rule_id, spec, params in steps:
+        st = apply_rule(RULES[rule_id], out[-1], site=pick(rule_id, out[-1], spec), params=params)
+        if check is not None:
+            check(out[-1], st.after, (rule_id, spec, params))
+        out.append(st.after)
+    return out
+
+
+#: GEMM ``D[M,N] = A[M,K] @ C[K,N]`` as the translator writes it
+#: (``B^{M}_{tx}L^{N}_{a}L^{K}_{c}[D_{tx,a} += A_{tx,c}*C_{c,a}]``) to 16x16 output tiles per
+#: block (4x4 threads of 4x4 micro-tiles), K in steps of 8: loops after the splits and the
+#: reorder ``[bx, ao, ko, t1, t2, ki, m1, m2]``.
+GEMM_TILING = [
+    ("thread_block_rebinding", {"nest": [0], "loop": 0}, {"ax": "bx"}),      # rows to blocks
+    ("loop_split", {"nest": [0], "loop": 0}, {"f": 16}),                      # [bx, i, a, c]
+    ("loop_split", {"nest": [0], "loop": 2}, {"f": 16}),                      # [bx, i, ao, j, c]
+    ("loop_split", {"nest": [0], "loop": 4}, {"f": 8}),                       # [bx, i, ao, j, ko, ki]
+    ("loop_split", {"nest": [0], "loop": 1}, {"f": 4}),                       # [bx, t1, m1, ao, j, ko, ki]
+    ("loop_split", {"nest": [0], "loop": 4}, {"f": 4}),                       # [bx, t1, m1, ao, t2, m2, ko, ki]
+    ("loop_reorder", {"nest": [0]}, {"order": [0, 3, 6, 1, 4, 7, 2, 5]}),    # [bx, ao, ko, t1, t2, ki, m1, m2]
+    ("loop_binding", {"nest": [0], "loop": 1}, {"ax": "by"}),
+    ("loop_binding", {"nest": [0], "loop": 3}, {"ax": "tx"}),
+    ("loop_binding", {"nest": [0], "loop": 4}, {"ax": "ty"}),
+    ("register_tiling", {"nest": [0]}, {"s": "l"}),                           # local micro-tile, write-back phase
+    ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "A"}}, {"w": 4}),
+    ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "C"}}, {"w": 4}),
+    ("loop_vectorization", {"nest": [0, 0, 0], "loop": 3}, {}),              # float4 copies
+    ("loop_vectorization", {"nest": [0, 0, 1], "loop": 3}, {}),
+    ("loop_unrolling", {"nest": [0, 0, 2], "loop": 4}, {}),                  # the micro-tile's inner loop
+]
