@@ -279,3 +279,53 @@ def test_strategy_shape_types_match_their_rule_after_translation(name, tmp_path)
     module = translate_file(p).module
     rule = load_rule(rules_dir() / f"{_SHAPE_TYPES[name]}.yaml")
     assert list_candidates(rule, module), (name, _SHAPE_TYPES[name])
+
+
+# ---------------------------------------------------------------- GPU sizing (issue 44)
+
+def _meta_run(src: str):
+    """Exec a generated program on PyTorch's meta device (shapes only, no data): (model, inputs, output)."""
+    ns = {"__name__": "corpus_program"}
+    with torch.device("meta"):
+        exec(compile(src, "<corpus>", "exec"), ns)
+        model = ns["Model"](*ns["get_init_inputs"]())
+        inputs = ns["get_inputs"]()
+        with torch.no_grad():
+            out = model(*inputs)
+    return model, inputs, out
+
+
+def test_gpu_sizing_puts_every_type_in_the_field_range_with_valid_shapes():
+    """Every type at the --gpu budget: the estimated eager time is in 0.1-15 ms for all but a
+    few capped types, the program runs in PyTorch (meta device) with the header's output shape,
+    no input, weight or buffer is over GPU_MAX_BYTES, and the header regenerates the file."""
+    ests = []
+    for i, name in enumerate(ALL_TYPES):
+        dtype = DTYPES[i % len(DTYPES)]
+        src = generate_program(name, i, dtype, GPU_BUDGET)
+        h = parse_header(src)
+        assert h["budget"] == GPU_BUDGET and 0 < h["work"] <= GPU_BUDGET
+        est = float(h["eager_estimate_us"].split()[0])
+        ests.append(est)
+        model, inputs, out = _meta_run(src)
+        assert tuple(out.shape) == _shape(h["output"].rsplit(" ", 1)[0]), name
+        tensors = list(inputs) + list(model.parameters()) + list(model.buffers())
+        assert max(t.numel() * t.element_size() for t in tensors) <= corpus.GPU_MAX_BYTES, name
+        if i % 25 == 0:
+            assert generate_program(h["type"], h["seed"], h["requested_dtype"], h["budget"]) == src
+    in_range = [100 <= e <= 15000 for e in ests]
+    assert sum(in_range) >= 0.98 * len(ests), sorted(ests)[:10]
+    lo, hi = corpus.GPU_TARGET_US
+    assert lo <= sorted(ests)[len(ests) // 2] <= hi
+
+
+def test_gpu_sizing_grows_what_the_default_keeps_small():
+    """The GPU sizing only acts at the GPU budget: the default corpus has no estimate in its
+    headers, and the same seed at the GPU budget is far larger."""
+    for i, name in enumerate(["ReLU", "Softmax", "Matmul2D", "Conv2d", "LayerNorm"]):
+        small = parse_header(generate_program(name, i, "float32"))
+        big = parse_header(generate_program(name, i, "float32", GPU_BUDGET))
+        assert "eager_estimate_us" not in small and "eager_estimate_us" in big
+        n_small = sum(math.prod(_shape(s)) for s in re.findall(r"\(([\d, ]*)\)", small["inputs"]))
+        n_big = sum(math.prod(_shape(s)) for s in re.findall(r"\(([\d, ]*)\)", big["inputs"]))
+        assert n_big > 100 * n_small, name
