@@ -149,8 +149,9 @@ def test_every_registry_name_is_in_the_page_in_backticks():
 
 
 def test_every_entry_has_a_meaning_and_shipped_examples():
-    assert docgen.undocumented() == []
+    assert docgen.undocumented() == [], "add docstrings (or steptp.rules.docgen entries) for these"
     page = docgen.rule_language_page()
+    assert docgen.UNDOCUMENTED not in page
     # every value function and primitive shows an example: a shipped rule's use where there is one
     body = page.split("## Value functions", 1)[1].split("## Chain of thought", 1)[0]
     sections = re.split(r"^### ", body, flags=re.M)[1:]
@@ -170,9 +171,10 @@ def test_value_function_examples_parse_and_name_their_function():
         assert re.search(rf"\b{name}\(", code), (name, code)
 
 
-def test_an_undocumented_name_fails_the_generator(monkeypatch):
-    """A primitive registered without a docstring, or a rule field without a description,
-    makes the generator refuse (so the committed page cannot silently lose a meaning)."""
+def test_an_undocumented_name_is_flagged(monkeypatch, tmp_path):
+    """A primitive registered without a docstring, or a rule field without a description, is
+    listed by `undocumented()` (which the test above requires empty), marked on the page and
+    warned about by `stp rules docs`, so the committed page cannot silently lose a meaning."""
     from steptp.engine import primitives as P
 
     def prim_nothing(ctx):  # no docstring on purpose
@@ -180,8 +182,10 @@ def test_an_undocumented_name_fails_the_generator(monkeypatch):
 
     monkeypatch.setitem(P.PRIMITIVES, "do_nothing", P.PrimitiveSpec("do_nothing", prim_nothing))
     assert "primitive: do_nothing" in docgen.undocumented()
-    with pytest.raises(ValueError, match="do_nothing"):
-        docgen.rule_language_page()
+    page = docgen.rule_language_page()
+    assert docgen.UNDOCUMENTED in page.split("### `do_nothing`", 1)[1].split("###", 1)[0]
+    r = CliRunner().invoke(app, ["rules", "docs", "-o", str(tmp_path / "p.md")])
+    assert r.exit_code == 0 and "no documentation for primitive: do_nothing" in r.output
     monkeypatch.setitem(P.PRIMITIVES, "do_nothing", P.PrimitiveSpec("do_nothing", prim_nothing, doc="Do nothing."))
     page = docgen.rule_language_page()
     assert "### `do_nothing`" in page and "No shipped rule uses it yet." in page
