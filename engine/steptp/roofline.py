@@ -32,9 +32,11 @@ product of the loop extents. Within an evaluation, each operator node that compu
   the FP pipe);
 * negation (a free operand modifier of FADD/FMUL/FFMA), ``if_then_else`` (a select, SEL),
   the boolean ``& | !``, literals, casts (an assignment between dtypes) and all index
-  arithmetic (subscripts and integer guards: integer pipe, not FLOPs): 0;
-* arithmetic on integer or boolean values (an ``argmax``'s index candidates) is counted
-  apart as :attr:`Roofline.int_ops` and does not enter ``sol_us``.
+  arithmetic (subscripts, and any subexpression that reads no tensor and no float literal,
+  such as a guard ``d-1<0``: integer pipe, not FLOPs): 0;
+* arithmetic on integer or boolean values read from tensors (an ``argmax``'s comparisons of
+  index candidates) is counted apart as :attr:`Roofline.int_ops` and does not
+  enter ``sol_us``.
 
 The dtype of an operation is the one the backend computes it in, by the typing rules of
 :mod:`steptp.backend.tvmscript` (``infer`` / ``resolve``: a float16 and a float32 operand
@@ -300,8 +302,8 @@ def _reads_no_tensor(e: A.Expr) -> bool:
 def _ops(e: A.Expr, want: str, guards: tuple[_Guard, ...], out: Counter) -> None:
     """Add the operations of one evaluation of ``e`` (computed in the context type ``want``)
     to ``out``, keyed ``(dtype, guards)``; integer/boolean arithmetic under dtype ``int``."""
-    if isinstance(e, (A.Int, A.Float, A.Index, A.Tensor)):
-        return  # subscripts are index arithmetic: not FLOPs
+    if isinstance(e, (A.Int, A.Float, A.Index, A.Tensor)) or _reads_no_tensor(e):
+        return  # literals, reads (subscripts are index arithmetic) and index-only arithmetic: not counted
     if isinstance(e, A.Neg):
         _ops(e.operand, _resolve(_infer(e), want), guards, out)
         return
@@ -319,7 +321,7 @@ def _ops(e: A.Expr, want: str, guards: tuple[_Guard, ...], out: Counter) -> None
     r = _resolve(_infer(e), want)
     if isinstance(e, A.Call) and e.func == "if_then_else":
         cond, a, b = e.args
-        _ops(cond, "bool", guards, out)
+        _ops(cond, "bool", guards, out)  # nothing for an index-only guard
         if _reads_no_tensor(cond):
             _ops(a, r, guards + ((cond, True),), out)
             _ops(b, r, guards + ((cond, False),), out)
