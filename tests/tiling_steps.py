@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from steptp.engine import apply_rule, find_sites
 from steptp.leir.fileformat import LeirModule
+from steptp.leir.printer import format_program
 from steptp.rules import load_rules
 
 RULES = {r.id: r for r in load_rules()}
@@ -33,7 +34,7 @@ def pick(rule_id: str, module: LeirModule, spec: dict):
         if any(d["bindings"].get(k) != v for k, v in binds.items()):
             continue
         hits.append(s)
-    assert len(hits) == 1, f"{rule_id} {spec}: {len(hits)} matching site(s) in\n{module.program}"
+    assert len(hits) == 1, f"{rule_id} {spec}: {len(hits)} matching site(s) in\n{format_program(module.program)}"
     return hits[0]
 
 
@@ -69,5 +70,27 @@ GEMM_TILING = [
     ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "C"}}, {"w": 4}),
     ("loop_vectorization", {"nest": [0, 0, 0], "loop": 3}, {}),              # float4 copies
     ("loop_vectorization", {"nest": [0, 0, 1], "loop": 3}, {}),
-    ("loop_unrolling", {"nest": [0, 0, 2], "loop": 4}, {}),                  # the micro-tile's inner loop
+    ("loop_unrolling", {"nest": [0, 0, 2], "loop": 4}, {}),                  # the micro-tile's inner loops
+    ("loop_unrolling", {"nest": [0, 0, 2], "loop": 3}, {}),
+    ("loop_vectorization", {"nest": [0, 1], "loop": 3}, {}),                 # float4 write-back
+]
+
+#: 2-D convolution ``D[0,co,oh,ow] += A[0,ci,oh+kh,ow+kw] * C[co,ci,kh,kw]`` as the translator
+#: writes it (``B^{16}_{tx}L^{16}_{a}L^{16}_{c}L^{16}_{d}L^{3}_{f}L^{3}_{g}``: co, oh, ow, ci,
+#: kh, kw; 16 output channels, 16x8 outputs) to one output channel per block row, 4 output
+#: rows per block column, 4x2 threads of 4 output columns each, ci in steps of 8: loops ``[bx, ao, ko, ai, ct, ki, f, g, cm]``.
+CONV_TILING = [
+    ("thread_block_rebinding", {"nest": [0], "loop": 0}, {"ax": "bx"}),      # output channels to blocks
+    ("loop_split", {"nest": [0], "loop": 1}, {"f": 4}),                       # [bx, ao, ai, c, d, f, g]
+    ("loop_split", {"nest": [0], "loop": 3}, {"f": 4}),                       # [bx, ao, ai, ct, cm, d, f, g]
+    ("loop_split", {"nest": [0], "loop": 5}, {"f": 8}),                       # [bx, ao, ai, ct, cm, ko, ki, f, g]
+    ("loop_reorder", {"nest": [0]}, {"order": [0, 1, 5, 2, 3, 6, 7, 8, 4]}), # [bx, ao, ko, ai, ct, ki, f, g, cm]
+    ("loop_binding", {"nest": [0], "loop": 1}, {"ax": "by"}),
+    ("loop_binding", {"nest": [0], "loop": 3}, {"ax": "tx"}),
+    ("loop_binding", {"nest": [0], "loop": 4}, {"ax": "ty"}),
+    ("register_tiling", {"nest": [0]}, {"s": "l"}),                           # 8 outputs per thread in registers
+    ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "A"}}, {"w": 1}),   # the input window
+    ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "C"}}, {"w": 1}),   # the filter slice
+    ("loop_unrolling", {"nest": [0, 0, 2], "loop": 4}, {}),                  # kw
+    ("loop_vectorization", {"nest": [0, 1], "loop": 2}, {}),                 # float4 write-back
 ]
