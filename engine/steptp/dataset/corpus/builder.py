@@ -176,6 +176,8 @@ class _Builder:
         self.residual_used = False
         self.parts: list[tuple[int, int]] = []  # per component: (work, elements read + written)
         self.weights: list[int] = []            # elements of each parameter tensor (the GPU sizing's cap)
+        self.temps: list[int] = []              # elements of large intermediates inside a component
+        self.traffic = 0                        # elements those intermediates move (all passes)
 
     # ---- draws ----
     def _key(self, k: str, kind: str = "") -> str:
@@ -277,6 +279,12 @@ class _Builder:
 
     def cost(self, n: int) -> None:
         self.work += int(n)
+
+    def temp(self, numel: int, passes: int = 1) -> None:
+        """A large intermediate inside a component (attention scores): its elements count in the
+        GPU sizing's size cap, ``passes x numel`` in the component's memory traffic."""
+        self.temps.append(int(numel))
+        self.traffic += int(numel) * passes
 
     def half_unsupported(self, what: str) -> None:
         if what not in self.no_half:

@@ -131,6 +131,9 @@ def _attn_core(b: _Builder, q: str, k: str, v: str, lead: tuple, S: int, T: int,
         arg = ", is_causal=True" if causal else ""
         b.fwd(f"{out} = F.scaled_dot_product_attention({q}, {k}, {v}{arg})")
         return
+    # the materialised scores: written by the matmul, read and written by the scale, the mask
+    # and the softmax, read by the second matmul (the GPU sizing's traffic and size cap)
+    b.temp(nlead * S * T, passes=8 if causal else 6)
     sc = round(1 / math.sqrt(D), 6)
     b.fwd(f"scores = torch.matmul({q}, {k}.transpose(-2, -1)) * {_num(sc)}")
     if causal:

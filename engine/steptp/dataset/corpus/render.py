@@ -50,11 +50,12 @@ class ProgramType:
 
 def _apply(b: _Builder, comp, x: _Var | None) -> _Var:
     """``comp.apply`` recording the component's work and the elements it reads and writes
-    (the running tensor, or the inputs a head creates, plus its result) in ``b.parts``."""
-    w0, n0 = b.work, len(b.inputs)
+    (the running tensor, or the inputs a head creates, plus its result and the traffic of its
+    large intermediates, :meth:`_Builder.temp`) in ``b.parts``."""
+    w0, n0, t0 = b.work, len(b.inputs), b.traffic
     out = comp.apply(b, x)
     read = _numel(x.shape) if x is not None else sum(_numel(i.shape) for i in b.inputs[n0:])
-    b.parts.append((b.work - w0, read + _numel(out.shape)))
+    b.parts.append((b.work - w0, read + _numel(out.shape) + b.traffic - t0))
     return out
 
 
@@ -191,10 +192,11 @@ def _effective_dtype(requested: str, b: _Builder) -> str:
 
 
 def _too_big(b: _Builder, dtype: str) -> bool:
-    """Whether an input, a weight or a component's result is over :data:`GPU_MAX_BYTES`, or the
-    inputs and weights together over twice that (they are all created on the host first)."""
+    """Whether an input, a weight, a component's result or a large intermediate is over
+    :data:`GPU_MAX_BYTES`, or the inputs and weights together over twice that (they are all
+    created on the host first)."""
     known = [_numel(i.shape) for i in b.inputs] + b.weights
-    largest = max(known + [_numel(s) for _, s in b.trace if s] + [1])
+    largest = max(known + [_numel(s) for _, s in b.trace if s] + b.temps + [1])
     size = _ITEMSIZE.get(dtype, 4)
     return largest * size > GPU_MAX_BYTES or sum(known) * size > 2 * GPU_MAX_BYTES
 
