@@ -177,13 +177,14 @@ def test_cli_json_matches_the_library(tmp_path):
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path):
     bad = tmp_path / "bad.leir"
-    bad.write_text("% program: bad\n% input A: f32[4]\n% output C: f32[4]\nB^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx}+;];\n")
+    head = "% input A: f32[4]\n% output C: f32[4]\n"
+    bad.write_text("% program: bad\n" + head + "B^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx}+;];\n")
     oob = tmp_path / "oob.leir"
-    oob.write_text("% program: oob\n% input A: f32[4]\n% output C: f32[4]\nB^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx+1};];\n")
+    oob.write_text("% program: oob\n" + head + "B^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx+1};];\n")
     nomodel = tmp_path / "nomodel.py"
     nomodel.write_text("x = 1\n")
     good = tmp_path / "ok.leir"
-    good.write_text("% program: ok\n% input A: f32[4]\n% output C: f32[4]\nB^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx};];\n")
+    good.write_text("% program: ok\n" + head + "B^{4}_{tx=0}[C^{f32,g}_{tx}=A^{f32,g}_{tx};];\n")
     cases = [([str(tmp_path / "missing.leir")], "no such file"), ([str(bad)], f"{bad}:4:"),
              ([str(oob)], "out-of-bounds"), ([str(nomodel)], "Model"),
              ([str(good), "--gpu-model", "v100"], "unknown GPU model")]

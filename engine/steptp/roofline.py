@@ -94,6 +94,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+
 import numpy as np
 
 from .leir import ast as A

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .builder import (_args, _Builder, CorpusError, DEFAULT_BUDGET, _DTYPE_ALIASES, DTYPES, GPU_BUDGET,
-                      GPU_MAX_BYTES, GPU_MAX_DIM, GPU_TARGET_US, _HEADER_TAG, _MAX_ATTEMPTS, _numel, _Reject, _tup, _Var)
+                      GPU_MAX_BYTES, GPU_MAX_DIM, GPU_TARGET_US, _HEADER_TAG, _MAX_ATTEMPTS, _numel, _Reject,
+                      _tup, _Var)
 from .components import COMPONENTS, _input_head
 # registered, in this order, before _MIXABLE reads COMPONENTS
 from . import layers, heads  # noqa: E402,F401,I001
@@ -183,7 +184,8 @@ def eager_estimate_us(parts, dtype: str) -> float:
     kernels = 0.0
     for work, elems in parts:
         rate = gemm if work >= 16 * elems else simt
-        kernels += max(_KERNEL_MIN_US, work / (_EFF_COMPUTE * rate) * 1e6, elems * size / (_EFF_MEMORY * _H200_DRAM) * 1e6)
+        kernels += max(_KERNEL_MIN_US, work / (_EFF_COMPUTE * rate) * 1e6,
+                       elems * size / (_EFF_MEMORY * _H200_DRAM) * 1e6)
     return max(_HOST_US * len(parts), kernels)
 
 
