@@ -271,7 +271,7 @@ def _left(deadline: float | None) -> float | None:
 def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_name: str, rounds: int = 8,
                   min_ms: float = 2.0, eager_cap_s: float = 120.0, compile_cap_s: float = 300.0,
                   compile_modes: tuple = (), torch_ok: bool = True, deadline: float | None = None,
-                  runner=None, checkpoint=None) -> list[ProgramBaselines]:
+                  runner=None, checkpoint=None, previous: dict | None = None) -> list[ProgramBaselines]:
     """Measure the baselines of every program of ``programs`` (manifest key -> manifest
     program) with one GPU worker ``runner`` (an :class:`steptp.runner.worker.IsolatedRunner`
     from :func:`steptp.runner.pool.shared`): ``best[okey]`` is ``(manifest entry, transformed)``:
@@ -281,20 +281,31 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
     (``eager_cap_s`` per program), then each ``torch.compile`` mode of ``compile_modes``
     (``"compile"``, ``"compile_autotune"``: compilation capped at ``compile_cap_s``, then its
     timing). ``checkpoint(records)``, when given, is called after each phase (the node writes
-    ``baselines.jsonl`` then, so a run killed later keeps what finished). Returns one
-    :class:`ProgramBaselines` per program, every None figure with its reason."""
+    ``baselines.jsonl`` then, so a run killed later keeps what finished). ``previous``: the
+    records of an earlier call (``baselines.jsonl``) by program: a program whose best is the
+    same keeps its measured figures and only what is missing (a phase the deadline cut, a
+    mode not requested then, a compilation over the cap) is measured again, so a second call of the node can spend its time on
+    ``torch.compile``. Returns one :class:`ProgramBaselines` per program, every None figure
+    with its reason."""
     sim = cr.simulated()
     out: dict[str, ProgramBaselines] = {}
+    kept: set[str] = set()
     for okey, prog in programs.items():
         b = ProgramBaselines(program=okey, name=prog.get("name") or okey, device="cuda-sim" if sim else "cuda",
                              device_name=device_name, dtypes={s[0]: s[2] for s in prog["specs"]})
         e, transformed = best.get(okey) or (None, False)
         b.best_id = e["id"] if e is not None and transformed else None
+        old = (previous or {}).get(okey)
+        if old is not None and old.best_id == b.best_id and old.device == b.device and old.best_us is not None:
+            b = ProgramBaselines.from_json(old.to_json())
+            kept.add(okey)
         out[okey] = b
     # phase 1: kernels, from Python, eager, eager graph
     for okey, b in out.items():
         t0 = time.perf_counter()
         e = (best.get(okey) or (None, False))[0]
+        if okey in kept:
+            continue
         if e is None:
             _absent(b, "no Equal entry of this program on the device to time")
             continue
@@ -324,6 +335,8 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
     for field_, mode in COMPILE_MODES.items():
         for okey, b in out.items():
             us, cs = f"{field_}_us", f"{field_}_s"
+            if okey in kept and (getattr(b, us) is not None or us in b.cpu_figures):
+                continue  # measured by the earlier call
             if field_ not in compile_modes:
                 flag = "--compile" if field_ == "compile" else "--autotune"
                 b.set_reason_now(us, f"not requested (python -m steptp.gpu.run {flag})")

@@ -33,6 +33,7 @@ def merge(results: str | os.PathLike, dataset: str | os.PathLike) -> dict:
     """Merge (module docstring). Returns ``{"entries", "merged", "timed", "disagreements",
     "unknown"}`` (``unknown``: result ids not in the dataset). Raises :class:`MergeError`."""
     rpath = Path(results) / "results.jsonl" if Path(results).is_dir() else Path(results)
+    dpath = Path(dataset) / "dictionary.jsonl" if Path(dataset).is_dir() else Path(dataset)
     if not rpath.is_file():
         raise MergeError(f"{rpath}: cannot read GPU results (no such file)")
     try:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..runner.pool import shared
-from ..runner.record import ProgramBaselines, read_entries, write_jsonl
+from ..runner.record import ProgramBaselines, read_baselines, read_entries, write_jsonl
 from . import sanitizer as san
 from .baselines import run_baselines, write_baselines
 
@@ -102,7 +102,8 @@ def measure_baselines(pack: str, results: str | Path, manifest: dict, *, device_
                       programs: set | None = None) -> list[ProgramBaselines]:
     """The baselines of every program (``programs``: only these keys) against
     :func:`choose_best`'s best, in one GPU worker (pool kind ``gpu-baselines``), written to
-    ``RESULTS/baselines.jsonl``. Options: :func:`steptp.gpu.baselines.run_baselines`."""
+    ``RESULTS/baselines.jsonl`` (what an earlier call measured there for the same best is
+    kept). Options: :func:`steptp.gpu.baselines.run_baselines`."""
     results = Path(results)
     progs = {k: v for k, v in manifest["programs"].items() if programs is None or k in programs}
     runner = shared("gpu-baselines", eager_cap_s)
@@ -110,7 +111,8 @@ def measure_baselines(pack: str, results: str | Path, manifest: dict, *, device_
         out = run_baselines(pack, _refdir(results), progs, choose_best(results, manifest), device_name=device_name,
                             rounds=rounds, min_ms=min_ms, eager_cap_s=eager_cap_s, compile_cap_s=compile_cap_s,
                             compile_modes=compile_modes, torch_ok=torch_ok, deadline=deadline, runner=runner,
-                            checkpoint=lambda recs: write_baselines(results / "baselines.jsonl", recs))
+                            checkpoint=lambda recs: write_baselines(results / "baselines.jsonl", recs),
+                            previous=read_baselines(results))
     finally:
         runner.close()
     write_baselines(results / "baselines.jsonl", out)
