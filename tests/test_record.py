@@ -20,7 +20,8 @@ import pytest
 
 from steptp.gpu import sanitizer as san
 from steptp.runner.record import (RATIOS, SCHEMA_VERSION, STATUSES, TIME_FIELDS, Check, EntryRecord, PairTiming,
-                                  ProgramBaselines, Ratio, SanitizerCheck, SchemaError, read_baselines, read_entries,
+                                  ProgramBaselines, Ratio, SanitizerCheck, SchemaError, baseline_summary, read_baselines,
+                                  read_entries,
                                   read_results, write_jsonl)
 from steptp.runner.stats import paired_speedup, spread
 
@@ -136,6 +137,9 @@ def test_baselines_need_a_reason_for_every_missing_figure_and_round_trip(tmp_pat
     res = read_results(tmp_path)
     assert res.baselines_of("p:1").best_us == 40.0 and res.best("abc").id == "p:1"
     assert read_baselines(tmp_path)["abc"].to_json() == d
+    assert baseline_summary(tmp_path, "p:1")["best_us"] == 40.0
+    none = baseline_summary(tmp_path, "p:unknown")
+    assert all(none[f] is None and "no baselines" in none[f"{f}_reason"] for f in TIME_FIELDS)
 
 
 def test_results_of_another_schema_are_refused_in_one_line(tmp_path):

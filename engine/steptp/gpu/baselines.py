@@ -169,11 +169,8 @@ def measure_eager(pack: str, refdir: str | None, okey: str, best: dict, original
             model, args = t["model"], t["args"]
             tsync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
 
-            def eager_call():
-                with torch.no_grad():
-                    model(*args)
-
-            timers["eager_us"] = python_timer(eager_call, tsync, flush)
+            torch.set_grad_enabled(False)  # inference, as a user times it (no per-call context manager)
+            timers["eager_us"] = python_timer(lambda: model(*args), tsync, flush)
             if not sim:
                 try:
                     timers["eager_graph_us"] = _graph_timer(torch, model, args, flush)
@@ -186,6 +183,7 @@ def measure_eager(pack: str, refdir: str | None, okey: str, best: dict, original
     finally:
         if threads is not None:
             torch.set_num_threads(threads)
+            torch.set_grad_enabled(True)
     series = dict(zip(timers, secs))
     for k, v in series.items():
         s = spread(v, scale=1e6)
@@ -243,17 +241,16 @@ def time_compiled(pack: str, refdir: str | None, okey: str, best: dict, mode: st
     flush = _flush(torch, tdev)
     tsync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
 
-    def call():
-        with torch.no_grad():
-            fn(*args)
-
     try:
+        torch.set_grad_enabled(False)
         (ours, comp), _ = time_rounds([python_timer(ours_call, lambda: cr.sync(built.device), flush),
-                                       python_timer(call, tsync, flush)], built.device,
+                                       python_timer(lambda: fn(*args), tsync, flush)], built.device,
                                       rounds=int(opts.get("rounds", 8)), warmup=3,
                                       min_repeat_ms=float(opts.get("min_ms", 2.0)), max_number=100_000)
     except Exception as e:  # noqa: BLE001
         return {"error": f"timing the compiled model failed: {_short(e)}"}
+    finally:
+        torch.set_grad_enabled(True)
     s, so = spread(comp, scale=1e6), spread(ours, scale=1e6)
     return {"us": s["median"], "iqr_us": [s["q1"], s["q3"]], "ratio": _ratio(comp, ours).__dict__,
             "best_py_us": so["median"]}
@@ -274,19 +271,20 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
                   runner=None, checkpoint=None, previous: dict | None = None) -> list[ProgramBaselines]:
     """Measure the baselines of every program of ``programs`` (manifest key -> manifest
     program) with one GPU worker ``runner`` (an :class:`steptp.runner.worker.IsolatedRunner`
-    from :func:`steptp.runner.pool.shared`): ``best[okey]`` is ``(manifest entry, transformed)``:
-    the entry whose transformed function is our best (``transformed`` True) or any entry of
-    the program when the original is our best (False); a program without one is absent. Phases, each over all programs before the next, so a
-    deadline (``time.perf_counter()`` value) cuts the slowest last: eager + graph + kernels
+    from :func:`steptp.runner.pool.shared`): ``best[okey]`` is ``(manifest entry,
+    transformed)``: the entry whose transformed function is our best (``transformed`` True)
+    or any entry of the program when the original is our best (False); a program without
+    one is absent. Phases, each over all programs before the next, so a deadline
+    (``time.perf_counter()`` value) cuts the slowest last: eager + graph + kernels
     (``eager_cap_s`` per program), then each ``torch.compile`` mode of ``compile_modes``
     (``"compile"``, ``"compile_autotune"``: compilation capped at ``compile_cap_s``, then its
     timing). ``checkpoint(records)``, when given, is called after each phase (the node writes
     ``baselines.jsonl`` then, so a run killed later keeps what finished). ``previous``: the
     records of an earlier call (``baselines.jsonl``) by program: a program whose best is the
     same keeps its measured figures and only what is missing (a phase the deadline cut, a
-    mode not requested then, a compilation over the cap) is measured again, so a second call of the node can spend its time on
-    ``torch.compile``. Returns one :class:`ProgramBaselines` per program, every None figure
-    with its reason."""
+    mode not requested then, a compilation over the cap) is measured again, so a second call
+    of the node can spend its time on ``torch.compile``. Returns one
+    :class:`ProgramBaselines` per program, every None figure with its reason."""
     sim = cr.simulated()
     out: dict[str, ProgramBaselines] = {}
     kept: set[str] = set()
@@ -347,8 +345,8 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
                 b.set_reason_now(us, why)
                 b.set_reason_now(cs, why)
                 continue
-            _compile(b, okey, best[okey][0], field_, mode, pack, refdir, runner, rounds, min_ms, compile_cap_s, deadline,
-                     sim)
+            _compile(b, okey, best[okey][0], field_, mode, pack, refdir, runner, rounds, min_ms, compile_cap_s,
+                     deadline, sim)
         if checkpoint is not None:
             checkpoint(list(out.values()))
     return list(out.values())

@@ -133,7 +133,7 @@ def baselines_table(records: list[ProgramBaselines]) -> str:
              "Python; graph: eager in a CUDA graph (kernels); compile / autotune: `torch.compile` default / "
              "`max-autotune-no-cudagraphs` from Python.", "",
              "| program | best | best py | original | eager | graph | compile | autotune | compile s "
-             "| vs eager | vs graph | vs compile | vs autotune |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs eager | vs graph | vs compile | vs autotune |", "|" + "---|" * 13]
     for b in records:
         lines.append(f"| {b.name} | {us(b.best_us)} | {us(b.best_py_us)} | {us(b.original_us)} | {us(b.eager_us)} | "
                      f"{us(b.eager_graph_us)} | {us(b.compile_us)} | {us(b.compile_autotune_us)} | "

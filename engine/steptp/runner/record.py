@@ -467,6 +467,20 @@ def read_results(results_dir: str | os.PathLike) -> RoundResults:
     return RoundResults(read_entries(d / "results.jsonl"), read_entries(d / "retime.jsonl"), read_baselines(d))
 
 
+def baseline_summary(results_dir: str | os.PathLike, entry_id: str | None = None, program: str | None = None) -> dict:
+    """The per-program ``summary.json`` fields (:meth:`ProgramBaselines.summary_fields`) of
+    the program that entry ``entry_id`` belongs to (or of the pack's program key
+    ``program``) from a results directory; every field None with the reason when the node
+    measured no baselines for it. Raises :class:`SchemaError` for another schema version."""
+    res = read_results(results_dir)
+    key = program if program is not None else (res.program_of(entry_id) if entry_id is not None else None)
+    b = res.baselines.get(key) if key is not None else None
+    if b is None:
+        b = absent_baselines(key or "", "the node measured no baselines for this program "
+                                        "(python -m steptp.gpu.run ... --baselines)")
+    return b.summary_fields()
+
+
 def write_jsonl(path: str | os.PathLike, records: Iterable) -> None:
     """Write records (anything with ``to_json``) as JSONL, atomically (temporary file renamed
     into place)."""
@@ -478,4 +492,4 @@ def write_jsonl(path: str | os.PathLike, records: Iterable) -> None:
 
 __all__ = ["SCHEMA_VERSION", "STATUSES", "SchemaError", "check_schema", "Check", "PairTiming", "SanitizerCheck",
            "EntryRecord", "TIME_FIELDS", "RATIOS", "Ratio", "ProgramBaselines", "absent_baselines", "read_entries",
-           "read_baselines", "RoundResults", "read_results", "write_jsonl"]
+           "read_baselines", "RoundResults", "read_results", "baseline_summary", "write_jsonl"]
