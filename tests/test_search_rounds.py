@@ -61,7 +61,7 @@ def test_every_algorithm_runs_in_rounds_on_the_simulated_device(tmp_path, algori
     r, rounds = _loop(out, *args)
     assert r.returncode == 0, r.stdout + r.stderr
     assert rounds >= 1
-    sm = json.loads((out / "summary.json").read_text())
+    sm = json.loads((out / "softmax" / "summary.json").read_text())  # one directory per program
     # the keys a local search writes, and the runner's
     for key in ("algorithm", "samples", "speedup", "strategies", "efficiency", "root_time_us", "best", "trajectory",
                 "curve", "counts", "runner", "rounds", "speedup_vs_eager"):
@@ -71,13 +71,14 @@ def test_every_algorithm_runs_in_rounds_on_the_simulated_device(tmp_path, algori
     if sm["speedup"] > 1.0:  # reported only from a re-time whose interval lies above 1
         assert sm["confirmed"]["verdict"] == "faster" and sm["confirmed"]["ci"][0] > 1.0
     assert isinstance(sm["speedup_vs_eager"], float) and sm["speedup_vs_eager"] > 0, sm
-    tree = [json.loads(x) for x in (out / "tree.jsonl").read_text().splitlines()]
+    tree = [json.loads(x) for x in (out / "softmax" / "tree.jsonl").read_text().splitlines()]
     assert tree[0]["status"] == "root" and {"id", "parent", "depth", "iteration", "status", "strategy",
                                             "leir"} <= set(tree[1])
     assert sum(t["status"] == "equal" for t in tree) == sm["samples"]
     # done: the same command prints the same summary, measures nothing more
     again = _search(out, *args)
-    assert again.returncode == 0 and json.loads((out / "summary.json").read_text()) == sm
+    assert again.returncode == 0 and json.loads((out / "softmax" / "summary.json").read_text()) == sm
+    assert "vs PyTorch eager" in (out / "report.md").read_text() or "vs eager" in (out / "report.md").read_text()
 
 
 def test_a_waiting_round_is_not_built_again_and_a_lowered_budget_ends_the_search(tmp_path):

@@ -162,6 +162,28 @@ def strategy_table(rules=None) -> list[dict]:
 MACRO = "@macro"
 
 
+def _steps_of(p: Proposal) -> list[dict]:
+    """A proposal's steps ``{"rule", "site", "params", "leir"}``: its multi-step record, or
+    itself as one step."""
+    if p.info.get("steps"):
+        return list(p.info["steps"])
+    from .leir.printer import format_program
+
+    return [{"rule": p.strategy, "site": p.site, "params": p.params, "leir": format_program(p.module.program)}]
+
+
+def _diverse(order: list[int], rules: list[list[str]], n: int) -> list[int]:
+    """The first ``n`` of ``order`` (indices, best first; ``rules``: each one's rule ids, in
+    ``order``'s order), the best of each distinct *set* of rules first, then the rest in order
+    (candidates that differ only in a parameter are mostly the same program to a GPU)."""
+    first, rest, kinds = [], [], set()
+    for i, r in zip(order, rules):
+        kind = frozenset(r)
+        (rest if kind in kinds else first).append(i)
+        kinds.add(kind)
+    return (first + rest)[:n]
+
+
 class EnginePolicy:
     """Proposals from the rule engine (see the module docstring).
 
@@ -175,7 +197,12 @@ class EnginePolicy:
     timed sample; ``stp search --device cpu``); ``macros``: also propose the multi-step
     proposals of :mod:`steptp.engine.macros` (macros, chains, macro sequences; at most
     ``macro_steps`` steps per rule), each a candidate like a single step, its intermediate
-    programs in ``Proposal.info["steps"]`` (``stp search --device cuda``).
+    programs in ``Proposal.info["steps"]`` (``stp search --device cuda``); ``lookahead``
+    (``rank="cost"``): levels of the tree ranked by the static model before proposing (1: the
+    program's own candidates; L > 1: the ``expand`` best programs of a level, the best of each
+    distinct set of rules first, are expanded again, and every program met is a multi-step
+    proposal of the steps that reach it, ranked with the rest: issue 37's level expansion, a
+    lookahead through the cost model that makes a round of a GPU search reach further).
     ``apply_timeout_s`` (seconds per application), ``list_timeout_s`` (to count a program's
     candidates), ``mem_bytes`` (the worker's address space) and ``isolated`` go to
     :class:`~steptp.engine.service.EngineService`; work over a limit is skipped and counted
@@ -190,7 +217,7 @@ class EnginePolicy:
                  tries: int = 8, target: str = "cpu", rules_dir: str | None = None, apply_timeout_s: float = 30.0,
                  list_timeout_s: float = 120.0, mem_bytes: int = 3 << 30, cache_size: int = 256,
                  isolated: bool = True, skip_binding_only: bool = False, macros: bool = False,
-                 macro_steps: int = 48):
+                 macro_steps: int = 48, lookahead: int = 1, expand: int = 3):
         from .engine.service import EngineService
 
         if rank not in ("random", "cost"):
@@ -213,6 +240,7 @@ class EnginePolicy:
         self._ranked: dict[str, list] = {}  # rank="cost": applied candidates not yet proposed, cheapest first
         self._consumed: dict[str, int] = {}  # rank="cost": proposals replayed before the ranking was computed
         self.macros, self.macro_steps = macros, macro_steps
+        self.lookahead, self.expand = max(1, lookahead), max(1, expand)
         self._macros: dict[str, list] = {}
 
     @property
@@ -301,6 +329,38 @@ class EnginePolicy:
             return None
         return Proposal(a.module, rule_id, a.site, a.params, a.cot, info={"rule": rule_id})
 
+    def _look_ahead(self, module: LeirModule, props: list[Proposal]) -> list[Proposal]:
+        """``props`` (the candidates of ``module``) and the programs ``lookahead - 1`` levels
+        further (class docstring), each a proposal with its steps from ``module``."""
+        from .cost_model.static import static_scores
+
+        seen = {program_key(p.module) for p in props}
+        out, level = list(props), list(props)
+        for _ in range(self.lookahead - 1):
+            if not level:
+                break
+            scores = static_scores(module.program, [p.module.program for p in level], self.target)
+            order = sorted(range(len(level)), key=lambda j: (-scores[j], j))
+            picks = _diverse(order, [[st["rule"] for st in _steps_of(level[j])] for j in order], self.expand)
+            nxt: list[Proposal] = []
+            for j in picks:
+                base = level[j]
+                cands = self.candidates(base.module)
+                for i in range(len(cands)):
+                    p = self._apply(base.module, *cands[i], self.seed)
+                    if p is None:
+                        continue
+                    t = program_key(p.module)
+                    if t in seen:
+                        continue
+                    seen.add(t)
+                    steps = _steps_of(base) + _steps_of(p)
+                    nxt.append(Proposal(p.module, "+".join(dict.fromkeys(st["rule"] for st in steps)),
+                                        info={"rule": MACRO, "steps": steps}))
+            out += nxt
+            level = nxt
+        return out
+
     def _indexed(self, module: LeirModule, cands: list, i: int) -> Proposal | None:
         p = self._apply(module, *cands[i], self.seed)
         if p is not None:
@@ -343,6 +403,8 @@ class EnginePolicy:
                 order = list(range(len(cands)))
                 seeded_rng(self.seed, key, "rank").shuffle(order)
                 props = [p for p in (self._indexed(module, cands, i) for i in order) if p is not None]
+                if self.lookahead > 1:
+                    props = self._look_ahead(module, props)
                 scores = static_scores(module.program, [p.module.program for p in props], self.target)
                 # highest predicted speedup (lowest estimate) first; the seeded order breaks ties
                 ranked = self._ranked[key] = [props[j] for j in sorted(range(len(props)), key=lambda j: (-scores[j], j))]

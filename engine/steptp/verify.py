@@ -267,6 +267,35 @@ def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
     return low.text, cuda_text, cuda_src
 
 
+def static_check(original: LeirModule, transformed: LeirModule, limits: GpuLimits | None = None) -> VerifyResult:
+    """The checks of :func:`verify_pair` that execute nothing: Diff, the same known tensors,
+    the CPU lowering, the GPU preflight and TVM's CUDA code generation (``build``). ``exec``
+    and ``equal`` stay False: a program too large to run on this CPU (multi-GFLOP, above
+    :data:`MAX_VERIFY_WORK`) is verified where it runs, on the GPU node at full size against
+    the original's CPU build there (:mod:`steptp.gpu.node`); this is what can be said of it
+    here. ``limits``: the GPU's (default ``sm_90``). Never raises for a bad program (the
+    reason names the stage)."""
+    res = VerifyResult()
+    res.diff = format_program(original.program) != format_program(transformed.program)
+    if not res.diff:
+        res.reason = "diff: the transformed program is identical to the original"
+        return res
+    mismatch = _signature_mismatch(original.signature, transformed.signature)
+    if mismatch:
+        res.reason = f"build: {mismatch}"
+        return res
+    try:
+        _prepare(transformed, True, False, limits or DEFAULT_GPU)
+    except BackendError as e:
+        res.reason = f"{_stage_word(e)}: {e}"
+        return res
+    except (LeirSemanticError, ValueError) as e:
+        res.reason = f"lowering: {e}"
+        return res
+    res.build = True
+    return res
+
+
 _REF_CACHE: "OrderedDict[tuple, tuple[list[dict], list[dict], list[dict] | None]]" = OrderedDict()
 _REF_CACHE_SIZE = 4  # originals; the dataset verifies many candidates of one original in a row
 
@@ -675,7 +704,7 @@ def clear_reference_cache() -> None:
     _REF_CACHE.clear()
 
 
-__all__ = ["poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
+__all__ = ["static_check", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "ordered_inputs",
            "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",

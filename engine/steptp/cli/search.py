@@ -82,6 +82,13 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
            time_limit: Optional[float] = typer.Option(None, "--time-limit", min=1.0,
                                                       help="Seconds per program: the search stops at its next "
                                                            "check and writes what it has (summary.json 'stopped')."),
+           lookahead: int = typer.Option(1, "--lookahead", min=1,
+                                         help="Engine policy with --rank cost: tree levels ranked by the static cost "
+                                              "model before proposing (L > 1: the --expand best programs of a level "
+                                              "are expanded again; every program met is a multi-step proposal, each "
+                                              "step verified). Makes a round of a GPU search reach further."),
+           expand: int = typer.Option(3, "--expand", min=1,
+                                      help="With --lookahead > 1: programs of a level expanded at the next."),
            runner: str = typer.Option("local", "--runner",
                                       help="local: measure on this machine's --device; pack (with --device cuda): "
                                            "each batch of candidates is written as a GPU pack to "
@@ -114,6 +121,9 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     PyTorch eager timing)."""
     if runner not in ("local", "pack"):
         fail(f"--runner {runner}: expected local or pack")
+    if lookahead > 1 and (policy != "engine" or rank != "cost" or algorithm == "evolutionary"):
+        fail("--lookahead: only with --policy engine and --rank cost (the static model ranks the levels; "
+             "evolutionary screens by itself)")
     if runner == "pack":
         if device != "cuda":
             fail("--runner pack measures on a GPU node: use it with --device cuda")
@@ -175,7 +185,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                        overrides={k: v for k, v in overrides.items() if v is not None}, per_rule=per_rule,
                        timeout_s=timeout, max_samples=max_samples, temperature=temperature, max_tokens=max_tokens,
                        replay=str(replay) if replay else None, progress=not quiet, time_limit_s=time_limit,
-                       runner=runner)
+                       runner=runner, lookahead=lookahead, expand=expand)
     errors: list[str] = []
     info: dict = {}
     import signal

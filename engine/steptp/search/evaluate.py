@@ -8,8 +8,14 @@ program, time the Equal ones.
 * Timing: :func:`steptp.runner.timing.measure` (a performance build: no NaN poisoning;
   paper App. B.2: TVM ``time_evaluator``, 3 warm-up runs, 3 repetitions), reported in
   microseconds. The median of the repetitions is used.
-* Caches: verification results and times per canonical program text, so a program seen
-  twice (in one search or across searches of the same root) costs nothing the second time.
+* Measurement: by the search's runner (:mod:`steptp.runner.base`: ``local`` here, ``pack``
+  on a GPU node later), the Equal candidates of a proposal batch together; a pending answer
+  raises :class:`steptp.runner.base.Pending`. With ``pack`` candidates are verified on this
+  CPU (with the GPU preflight and CUDA code generation) and again on the node; programs too
+  large to execute here (:data:`CPU_VERIFY_WORK`) only on the node, at full size.
+* Caches: verification results per canonical program text (kept by the driver across the
+  runs of a search that waits for its runner), so a program seen twice costs nothing the
+  second time.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ import time
 
 from ..leir import LeirModule
 from .core import Evaluation, canonical
+
+
+#: Equation instances per trial above which a search measured on a GPU node does not execute
+#: its candidates on this CPU (a ``stp corpus --gpu`` program at KernelBench size runs
+#: milliseconds on a GPU and minutes in the CPU's verification form): they are checked here
+#: without executing (preflight, CUDA code generation) and verified on the node at full size
+#: against the original's CPU build there (issue 44).
+CPU_VERIFY_WORK = 1 << 24
 
 
 class RootFailed(RuntimeError):
@@ -78,6 +92,10 @@ class Measure:
             runner = create("local", device=device, repeat=repeat, warmup=warmup, timer=timer)
         self.runner = runner
         self.local = runner.kind == "local"
+        from ..verify import resource_problem  # noqa: PLC0415
+
+        #: too large to execute on this CPU: only the static checks here, verified on the node
+        self.at_size = not self.local and bool(resource_problem(root, max_work=CPU_VERIFY_WORK))
         why = cuda_problem() if self.local and device == "cuda" else ""
         if why:
             raise TargetUnavailable(f"--device cuda: {why}")
@@ -115,7 +133,11 @@ class Measure:
 
     def verify(self, module: LeirModule) -> dict:
         """``{"equal", "reason"}`` of ``module`` against the root (3 random + 2 ordered
-        trials; cached by canonical text in :attr:`verified`)."""
+        trials; cached by canonical text in :attr:`verified`). With a remote runner and a root
+        above :data:`CPU_VERIFY_WORK` (:attr:`at_size`) only the checks that execute nothing
+        (:func:`steptp.verify.static_check`: GPU preflight, CUDA code generation), ``"where":
+        "node"``: the node verifies it at full size before timing it, and only its verdict
+        makes a sample."""
         from ..verify import verify_pair  # noqa: PLC0415
 
         key = canonical(module)
@@ -125,6 +147,12 @@ class Measure:
                 res = verify_pair(self.root, module, trials=self.trials, seed=self.seed, isolated=True,
                                   timeout_s=self.timeout_s, gpu_check=self.device == "cuda",
                                   device=None if self.device == "cpu" else self.device)
+            elif self.at_size:
+                from ..verify import static_check  # noqa: PLC0415
+
+                res = static_check(self.root, module)
+                hit = self.verified[key] = {"equal": bool(res.build), "reason": res.reason, "where": "node"}
+                return hit
             else:
                 from ..runner.pool import shared  # noqa: PLC0415
 

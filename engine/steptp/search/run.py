@@ -78,6 +78,8 @@ class SearchConfig:
     time_limit_s: float | None = None  # per program: stop and write what the search has
     screen: int = 32  # --rank model with the paper's seven: candidates screened per node by the model
     runner: str = "local"  # local or pack (steptp.runner.base.create): where candidates are measured
+    lookahead: int = 1  # engine policy, --rank cost: levels ranked by the static model before proposing
+    expand: int = 3  # with lookahead > 1: programs of a level expanded at the next
 
     @property
     def rank_kind(self) -> str:
@@ -223,7 +225,8 @@ def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, sc
     if cfg.policy == "engine":
         static = cfg.rank_kind == "cost" and cfg.algorithm != "evolutionary"
         pol = EnginePolicy(rules, rank="cost" if static else "random", seed=cfg.seed, per_rule=cfg.per_rule,
-                           target=cfg.device, skip_binding_only=cfg.device == "cpu", macros=cfg.device == "cuda")
+                           target=cfg.device, skip_binding_only=cfg.device == "cpu", macros=cfg.device == "cuda",
+                           lookahead=cfg.lookahead if static else 1, expand=cfg.expand)
         if cfg.rank_kind == "model" and cfg.algorithm != "evolutionary" and scorer is not None:
             return ScreeningPolicy(pol, scorer, cfg.screen)
         return pol
@@ -315,6 +318,7 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
         runner = create("local", device=cfg.device, timer=timer, retime_rounds=max(1, cfg.confirm_repeat))
     cache = SearchCache(out, {"root": root.text(), "algorithm": cfg.algorithm, "params": cfg.algorithm_params(),
                               "policy": cfg.policy, "rank": cfg.rank, "seed": cfg.seed, "per_rule": cfg.per_rule,
+                              "lookahead": cfg.lookahead, "expand": cfg.expand,
                               "device": cfg.device, "runner": runner.kind})
     entry = _entry_fn(name, root, source if tr is not None else None, cfg.seed) if runner.kind != "local" else None
     try:
@@ -670,6 +674,10 @@ def table_rows(summaries: list[dict]) -> list[dict]:
     return rows
 
 
+def _us(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
 def _device(sm: dict) -> str:
     """The device of a summary (``target`` in summaries written before ``device``)."""
     return sm.get("device") or sm.get("target") or "cpu"
@@ -754,7 +762,7 @@ def write_report(outdir: str | Path, run_info: dict | None = None) -> Path:
         ve = sm.get("speedup_vs_eager")
         lines.append(f"| {sm['program']} | {sm['algorithm']} | {sm['samples']} | {sm['speedup']:.2f} | "
                      f"{_confirmed(sm):.2f} | "
-                     f"{sm['strategies']} | {sm['root_time_us']:.2f} | {sm['best']['time_us']:.2f} | "
+                     f"{sm['strategies']} | {_us(sm['root_time_us'])} | {_us(sm['best']['time_us'])} | "
                      f"{'n/a' if ve is None else f'{ve:.2f}'} | {traj} |")
     if sms and _plot(sms, out / "speedup_vs_samples.png"):
         lines += ["", "![best speedup vs samples](speedup_vs_samples.png)"]
