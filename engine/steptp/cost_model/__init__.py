@@ -59,9 +59,15 @@ def create(kind: str, device: str = "cpu", seed: int = 0, roots=()):
     features). Raises ``ValueError`` for an unknown kind,
     :class:`~steptp.cost_model.learned.CostModelError` for a bad model file or one for another
     device and :class:`~steptp.cost_model.learned.CostModelUnavailable` without LightGBM."""
-    from .learned import make_scorer
+    from .learned import make_scorer, require_lightgbm
 
-    return make_scorer(kind, device, seed, roots)
+    default = None
+    if kind == "model" and device == "cuda":
+        from .samples import learned_model, shipped_rows
+
+        require_lightgbm()
+        default = learned_model(shipped_rows(list(roots)))
+    return make_scorer(kind, device, seed, default)
 
 
 __all__ = ["KINDS", "CostModel", "create", "parse_kind"]

@@ -565,23 +565,18 @@ def parse_rank(rank: str) -> tuple[str, str | None]:
     return kind, path or None
 
 
-def make_scorer(rank: str, target: str = "cpu", seed: int = 0, roots=()):
+def make_scorer(rank: str, target: str = "cpu", seed: int = 0, default=None):
     """The scorer of a ``--rank`` value (:func:`parse_rank`): RandomScorer, CostScorer or
-    ModelScorer (loading ``PATH``; on ``cuda`` without a PATH, fitted on the shipped H200
-    samples, :func:`steptp.cost_model.samples.shipped_rows`, less the rows of the programs
-    whose root texts are in ``roots``). Raises :class:`CostModelError` /
+    ModelScorer (loading ``PATH``; without one, starting from ``default``, a fitted
+    :class:`CostModel` or None: :func:`steptp.cost_model.create` passes the shipped GPU
+    samples' model on ``cuda``). Raises :class:`CostModelError` /
     :class:`CostModelUnavailable` for a bad model file or a missing LightGBM."""
     kind, path = parse_rank(rank)
     if kind == "random":
         return RandomScorer(seed)
     if kind == "cost":
         return CostScorer(target)
-    model = CostModel.load(path) if path else None
-    if model is None and target == "cuda":
-        from .samples import learned_model, shipped_rows  # noqa: PLC0415
-
-        require_lightgbm()
-        model = learned_model(shipped_rows(list(roots)))
+    model = CostModel.load(path) if path else default
     if model is not None and model.target != target:
         raise CostModelError(f"{path}: a model for {model.target}, not {target}")
     return ModelScorer(model, target)

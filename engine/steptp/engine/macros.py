@@ -165,7 +165,7 @@ CANONICAL_FILTERS = {"loop_split": _split_matches_previous, "loop_reorder/match"
 def _step(rule_id: str, step) -> dict:
     """The trajectory record of one applied step (:class:`steptp.engine.Step`) with its result
     (``leir``: canonical text, no header)."""
-    from .service import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
+    from .jsonify import plain  # noqa: PLC0415  (math-rule parameters are LEIR subterms)
     from ..leir.printer import format_program  # noqa: PLC0415
 
     return {"rule": rule_id, "site": str(step.site), "params": plain(step.params),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..seeds import seeded_rng
+from .jsonify import plain  # noqa: F401  (re-exported: callers import it from here)
 
 
 def bounded(fn: Callable, *args, time_s: float = 0.0, what: str = "engine work", **kwargs):
@@ -36,23 +37,6 @@ def bounded(fn: Callable, *args, time_s: float = 0.0, what: str = "engine work",
 
     with time_limit(time_s, what):
         return fn(*args, **kwargs)
-
-
-def plain(v: Any):
-    """``v`` as JSON-ready data: dict keys as text, tuples as lists, LEIR subterms (math-rule
-    parameter values) as their LEIR text, anything else as ``str``."""
-    if isinstance(v, dict):
-        return {str(k): plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain(x) for x in v]
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    try:
-        from ..leir.printer import format_node
-
-        return format_node(v)
-    except Exception:  # noqa: BLE001 - any other value is recorded as its text
-        return str(v)
 
 
 # ---------------------------------------------------------------------------

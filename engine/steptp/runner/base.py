@@ -1,7 +1,7 @@
 """The search's **Runner** role (TVM MetaSchedule's ``Runner`` / ``RunnerFuture``): measure a
 batch of verified candidates and answer with futures that may be *pending*.
 
-One interface, chosen by :func:`create`:
+One interface, chosen by :func:`steptp.runner.kinds.create`:
 
 =======  =====================================================================================
 local    this machine's ``--device`` (:mod:`steptp.runner.local`): every future is done when
@@ -14,7 +14,8 @@ pack     a GPU node reached through files (:mod:`steptp.runner.pack`): the batch
 =======  =====================================================================================
 
 A third kind (e.g. TVM RPC to a GPU machine that is online) is a new module implementing
-:class:`Runner` and one more line in :func:`create`; the search does not change.
+:class:`Runner` and one more line in :func:`steptp.runner.kinds.create`; the search does not
+change.
 
 A :class:`MeasureInput` is one candidate of one program, measured against that program's root
 (the speedup is the root's time over the candidate's, timed interleaved where the runner can);
@@ -119,21 +120,4 @@ class Pending(Exception):
     replayed from its caches, once the runner has the results."""
 
 
-def create(kind: str, **options) -> Runner:
-    """The runner of ``kind`` (:data:`KINDS`) with its ``options``: ``local``: ``device``
-    (``cpu``/``cuda``), ``repeat``, ``warmup``, ``retime_rounds``, ``timer``; ``pack``: ``out``
-    (the search directory), ``write_pack`` (``fn(round_dir, pack_dir) -> dict``: the pack
-    builder, passed in from above), ``node_retime`` (the node re-times each program's best in
-    the same call). Raises ``ValueError`` for an unknown kind."""
-    if kind == "local":
-        from .local import LocalRunner
-
-        return LocalRunner(**options)
-    if kind == "pack":
-        from .pack import PackRunner
-
-        return PackRunner(**options)
-    raise ValueError(f"unknown runner {kind!r}; one of {', '.join(KINDS)}")
-
-
-__all__ = ["KINDS", "MeasureInput", "MeasureResult", "RunnerFuture", "Runner", "Pending", "create"]
+__all__ = ["KINDS", "MeasureInput", "MeasureResult", "RunnerFuture", "Runner", "Pending"]

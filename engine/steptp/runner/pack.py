@@ -45,8 +45,9 @@ class PackRunner:
     def __init__(self, out: str | Path, write_pack: Callable[[Path, Path], dict]):
         self.out = Path(out)
         self.write_pack = write_pack
-        self._results: dict[str, dict] = {}   # entry id -> node record, every complete round
-        self._retimes: dict[str, dict] = {}   # entry id -> the node's second measurement
+        self._results: dict = {}    # entry id -> EntryRecord, every complete round
+        self._retimes: dict = {}    # entry id -> the node's second measurement (EntryRecord)
+        self._baselines: dict = {}  # the pack's program key -> ProgramBaselines (the latest round's)
         self._pending: dict[str, dict] = {}   # entry id -> entry of the next round
         self.rounds_done = 0
         self._load()
@@ -68,11 +69,12 @@ class PackRunner:
                 continue
             self.rounds_done += 1
             try:
-                recs, again = _read_results(d / "results")
+                res = _read_results(d / "results")
             except ValueError as e:
                 raise PackError(f"{d / 'results'}: {e}") from None
-            self._results.update(recs)
-            self._retimes.update(again)
+            self._results.update(res.entries)
+            self._retimes.update(res.retimes)
+            self._baselines.update(res.baselines)
 
     def root_time_us(self, program: str, root: LeirModule) -> float | None:
         """The root's smallest median timed beside any candidate of ``program`` (µs), None
@@ -88,8 +90,8 @@ class PackRunner:
         ``<key>:retime`` entry), None while pending."""
         if purpose == "retime":
             rec = self._retimes.get(key) or self._results.get(f"{key}:retime")
-        else:
-            rec = self._results.get(key)
+            return None if rec is None else _measure_result(rec, self._baselines.get(rec.program))
+        rec = self._results.get(key)
         return None if rec is None else _measure_result(rec)
 
     def run(self, batch: list[MeasureInput]) -> list[RunnerFuture]:
@@ -133,19 +135,22 @@ class PackRunner:
                 "entries": len(entries)}
 
 
-def _read_results(d: Path) -> tuple[dict, dict]:
-    """The node's records (:class:`steptp.runner.record.EntryRecord`) of one round's results
-    directory by entry id, and its second measurements (``retime.jsonl``). Raises
-    :class:`steptp.runner.record.SchemaError` (a ``ValueError``, one line) for results of
-    another schema version."""
-    from .record import read_entries  # noqa: PLC0415
+def _read_results(d: Path):
+    """The node's records of one round's results directory
+    (:class:`steptp.runner.record.RoundResults`: entries and second measurements by entry id,
+    baselines by the pack's program key). Raises :class:`steptp.runner.record.SchemaError` (a
+    ``ValueError``, one line) for results of another schema version."""
+    from .record import read_results  # noqa: PLC0415
 
-    return read_entries(d / "results.jsonl"), read_entries(d / "retime.jsonl")
+    return read_results(d)
 
 
-def _measure_result(rec) -> MeasureResult:
+def _measure_result(rec, baselines=None) -> MeasureResult:
     """What a node record (:class:`steptp.runner.record.EntryRecord`) says of one entry:
-    ``equal`` only when Equal on the device, not rejected by compute-sanitizer, and timed."""
+    ``equal`` only when Equal on the device, not rejected by compute-sanitizer, and timed;
+    ``extra``: the device, PyTorch eager beside the original, the sanitizer verdict and, for a
+    program's re-timed best, its baselines' summary fields
+    (:meth:`steptp.runner.record.ProgramBaselines.summary_fields`)."""
     t = rec.timing
     st = rec.status
     ok = st == "equal" and t is not None and t.speedup is not None
@@ -153,7 +158,9 @@ def _measure_result(rec) -> MeasureResult:
     return MeasureResult(status, None if t is None else t.transformed_us, None if t is None else t.original_us,
                          None if t is None else t.speedup, None if t is None else t.ci,
                          None if t is None else t.verdict, reason="" if ok else (rec.reason or "not measured"),
-                         extra={"device": None if t is None else t.device, "eager": rec.eager})
+                         extra={"device": None if t is None else t.device, "eager": rec.eager,
+                                "device_name": rec.device_name, "sanitizer_clean": rec.sanitizer_clean(),
+                                **({"baselines": baselines.summary_fields()} if baselines is not None else {})})
 
 
 def _complete(d: Path) -> bool | None:

@@ -87,7 +87,7 @@ class Measure:
         self.entry = entry
         self._funcs: dict = {}
         if runner is None:
-            from ..runner.base import create  # noqa: PLC0415
+            from ..runner.kinds import create  # noqa: PLC0415
 
             runner = create("local", device=device, repeat=repeat, warmup=warmup, timer=timer)
         self.runner = runner

@@ -77,7 +77,7 @@ class SearchConfig:
     confirm_repeat: int = 10
     time_limit_s: float | None = None  # per program: stop and write what the search has
     screen: int = 32  # --rank model with the paper's seven: candidates screened per node by the model
-    runner: str = "local"  # local or pack (steptp.runner.base.create): where candidates are measured
+    runner: str = "local"  # local or pack (steptp.runner.kinds.create): where candidates are measured
     lookahead: int = 1  # engine policy, --rank cost: levels ranked by the static model before proposing
     expand: int = 3  # with lookahead > 1: programs of a level expanded at the next
 
@@ -294,7 +294,8 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     runner has the results, it replays from the start (:mod:`steptp.search.replay`) and goes on."""
     from tqdm import tqdm
 
-    from ..runner.base import Pending, create
+    from ..runner.base import Pending
+    from ..runner.kinds import create
     from .evaluate import Measure, RootFailed
     from .replay import CachedPolicy, SearchCache
 
@@ -409,27 +410,79 @@ def confirmed_record(r, repeat: int) -> dict:
             "speedup": r.speedup, "ci": list(r.ci) if r.ci else None, "verdict": r.verdict}
 
 
+#: Per-program summary fields of a GPU search (issue 44), each a number or null with
+#: ``<field>_reason``: our best's kernels and call from Python, the original's kernels, PyTorch
+#: eager from Python and in a CUDA graph, torch.compile (default, max-autotune-no-cudagraphs).
+BASELINE_FIELDS = ("best_us", "best_py_us", "original_us", "eager_us", "eager_graph_us", "compile_us",
+                   "compile_autotune_us", "compile_s")
+
+
 def _remote_fields(runner, s: Search, retime, summary: dict) -> dict:
     """A remote runner's extra summary fields: ``rounds`` (complete rounds of the run), the
-    node's device, PyTorch eager's time and the speedup over it (``eager_us / root_us`` timed
-    interleaved on the node, times the re-timed ``root / best``; null with ``eager_reason``)."""
+    node's device, the like-with-like baselines the node measured against the re-timed best
+    (:data:`BASELINE_FIELDS`, their ratios with 95 % intervals: ``python -m steptp.gpu.run
+    ... --baselines``), and the speed of light (:func:`steptp.roofline.sol_fields` for the GPU
+    the node reports, an H200 for the simulated device). Without the node's baselines,
+    ``speedup_vs_eager`` is PyTorch eager from Python over the original's kernels (timed
+    interleaved on the node) times the re-timed speedup, and ``speedup_vs_eager_how`` says
+    that it is not like with like."""
+    from ..roofline import gpu_model_for, roofline, sol_fields
+
     extra = (retime.extra if retime is not None else {}) or {}
     if not extra.get("eager"):
         for n in s.nodes:  # the eager timing of any measured candidate's record
             r = getattr(runner, "result", None)
             rec = r(f"{summary['program']}:{_hash(n.text)}") if r and n.status == "equal" else None
             if rec is not None and rec.extra.get("eager"):
-                extra = rec.extra
+                extra = {**rec.extra, **{k: v for k, v in extra.items() if v is not None}}
                 break
-    eager = extra.get("eager") or {}
-    out = {"rounds": getattr(runner, "rounds_done", None), "gpu_device": extra.get("device"),
-           "eager_us": eager.get("eager_us"), "compile_us": eager.get("compile_us"), "speedup_vs_eager": None,
-           "eager_reason": ""}
-    if eager.get("eager_us") and eager.get("original_us"):
-        out["speedup_vs_eager"] = float(eager["eager_us"]) / float(eager["original_us"]) * float(summary["speedup"])
+    device = extra.get("device_name") or extra.get("device")
+    out: dict = {"rounds": getattr(runner, "rounds_done", None), "gpu_device": device}
+    base = dict(extra.get("baselines") or {})
+    if base:
+        # the baseline session's own best/original ratio is not the search's speedup (the re-time's)
+        out["speedup_baseline_session"], out["speedup_baseline_session_ci"] = base.pop("speedup", None), \
+            base.pop("speedup_ci", None)
+        base.pop("speedup_reason", None)
+        out.update(base)
     else:
-        out["eager_reason"] = ("the node did not time PyTorch eager (no torch there, or the program is not from a "
-                               ".py file)")
+        why = ("no re-timed best (nothing beat the original)" if retime is None else
+               "the node measured no baselines (python -m steptp.gpu.run ... --baselines)")
+        for f in BASELINE_FIELDS:
+            out[f] = None
+            out[f"{f}_reason"] = why
+        if retime is not None and retime.status == "equal":
+            out["best_us"], out["original_us"] = retime.time_us, retime.root_us
+            out.pop("best_us_reason"), out.pop("original_us_reason")
+        elif s.root.time_us:
+            out["original_us"] = s.root.time_us
+            out.pop("original_us_reason")
+    eager = extra.get("eager") or {}
+    if out.get("speedup_vs_eager") is None and eager.get("eager_us") and eager.get("original_us"):
+        out["speedup_vs_eager"] = float(eager["eager_us"]) / float(eager["original_us"]) * float(summary["speedup"])
+        out["speedup_vs_eager_how"] = ("PyTorch eager from Python over the original's kernels (timed interleaved on "
+                                       "the node) times the re-timed speedup: not like with like")
+        out.pop("speedup_vs_eager_reason", None)
+    elif out.get("speedup_vs_eager") is None:
+        out["speedup_vs_eager"] = None
+        out.setdefault("speedup_vs_eager_reason", "the node did not time PyTorch eager (no torch there, or the "
+                                                  "program is not from a .py file)")
+    out["eager_reason"] = out.get("speedup_vs_eager_reason", "") if out.get("speedup_vs_eager") is None else ""
+    gpu = gpu_model_for(device or "")
+    try:
+        if gpu is None:
+            raise ValueError(f"no datasheet figures for the node's device {device!r} (stp roofline --help)")
+        roof = roofline(s.root.module, gpu)
+    except Exception as e:  # noqa: BLE001 - the speed of light is informative; say why it is missing
+        out["sol_us"], out["sol_reason"] = None, f"{type(e).__name__}: {str(e)[:200]}"
+    else:
+        best_us = out.get("best_us") or (s.best.time_us if s.best.id else s.root.time_us)
+        out.update(sol_fields(roof, best_us=best_us, original_us=out.get("original_us") or s.root.time_us,
+                              eager_graph_us=out.get("eager_graph_us"), compile_us=out.get("compile_us")))
+        for f in ("fraction_of_sol", "fraction_of_sol_original", "fraction_of_sol_eager_graph",
+                  "fraction_of_sol_compile"):
+            if out.get(f) is None:
+                out[f"{f}_reason"] = "its time is not known (see the baseline fields' reasons)"
     return out
 
 
@@ -513,7 +566,7 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
     unavailable device (:class:`TargetUnavailable`) raise anyway. ``run_info``: a dict to
     update with the run summary.
 
-    ``cfg.runner``: ``local`` or ``pack`` (:func:`steptp.runner.base.create`; ``write_pack``:
+    ``cfg.runner``: ``local`` or ``pack`` (:func:`steptp.runner.kinds.create`; ``write_pack``:
     the pack builder ``fn(round_dir, pack_dir)``). With ``pack`` every program's search runs
     until its next batch is pending; the pending batches of all programs are written as one
     round (``OUTDIR/rounds/<k>/``) and ``run_info["waiting"]`` says where (the CLI exits 3);
@@ -523,7 +576,7 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
     from tqdm import tqdm
 
     from ..rules import load_rules
-    from ..runner.base import create
+    from ..runner.kinds import create
     from .evaluate import TargetUnavailable
 
     paths = collect_programs(inputs)
@@ -610,7 +663,7 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
 def _advance_remote(path: str, outdir: str, cfg: SearchConfig, out: str) -> tuple:
     """One program's search in a worker process of :func:`search_many` (``pack`` runner):
     ``(summary or {"status": "pending"} or the exception, the pending entries)``."""
-    from ..runner.base import create
+    from ..runner.kinds import create
 
     runner = create("pack", out=out, write_pack=None)
     try:
