@@ -478,6 +478,7 @@ def test_node_baselines_sanitizer_and_records_on_the_simulated_device(sim, tmp_p
     baseline figure is a number or None with its reason; GPU-only baselines name the
     simulated device; torch.compile's path runs on the CPU under its cap and never lands in a
     GPU field; the sanitizer's launcher runs the function once on the reference inputs."""
+    from steptp.gpu.sanitizer import launcher_argv
     from steptp.runner.record import (RATIOS, TIME_FIELDS, EntryRecord, ProgramBaselines, read_baselines,
                                       read_entries)
 
@@ -547,8 +548,7 @@ def test_node_baselines_sanitizer_and_records_on_the_simulated_device(sim, tmp_p
 
     # the sanitizer's launcher: one launch of the function on trial 0's reference inputs
     e = m["entries"][0]
-    argv = [*__import__("steptp.gpu.sanitizer", fromlist=["x"]).launcher_argv(
-        str(pack), str(res / "references"), e["program"], e["transformed"])]
+    argv = launcher_argv(str(pack), str(res / "references"), e["program"], e["transformed"])
     r = run(*argv, env=sim)
     assert r.returncode == 0 and "launched" in r.stdout, r.stderr
     r = run(*argv[:3], env=sim)

@@ -371,6 +371,8 @@ def run_pack(pack: str | os.PathLike, results: str | os.PathLike, *, timing: boo
     path = out / results_name
     prefix = "" if results_name == "results.jsonl" else Path(results_name).stem + "-"
     _repair_tail(path)
+    if path.is_file():
+        _records(path)  # results of another schema version: refused before anything runs (PackRunError)
     done = _done_ids(path)
     todo = [e for e in m["entries"] if e["id"] not in done and (only is None or e["id"] in only)]
     torch_progs = {e["program"] for e in todo if (m["programs"].get(e["program"]) or {}).get("torch")}
