@@ -192,7 +192,7 @@ def measure_eager(pack: str, refdir: str | None, okey: str, best: dict, original
     if orig_k is None:
         series["original_us"] = series["best_us"]
         out["original_us"], out["iqr_us"]["original_us"] = out["best_us"], out["iqr_us"]["best_us"]
-    out["ratios"]["speedup"] = _ratio(series["original_us"], series["best_us"]).__dict__
+    out["ratios"]["speedup_vs_original"] = _ratio(series["original_us"], series["best_us"]).__dict__
     if "eager_us" in series:
         out["ratios"]["speedup_vs_eager"] = _ratio(series["eager_us"], series["best_py_us"]).__dict__
     if "eager_graph_us" in series:

@@ -254,7 +254,7 @@ TIME_FIELDS = ("best_us", "best_py_us", "original_us", "eager_us", "eager_graph_
 #: The ratios: name -> (baseline field, our field). ``speedup_vs_X`` = X's time / ours (> 1:
 #: ours faster), measured interleaved, like with like: Python calls against Python calls,
 #: kernels against kernels.
-RATIOS = {"speedup": ("original_us", "best_us"),
+RATIOS = {"speedup_vs_original": ("original_us", "best_us"),
           "speedup_vs_eager": ("eager_us", "best_py_us"),
           "speedup_vs_eager_graph": ("eager_graph_us", "best_us"),
           "speedup_vs_compile": ("compile_us", "best_py_us"),
@@ -362,7 +362,7 @@ class ProgramBaselines:
         """The per-program ``summary.json`` fields (issue 44): ``best_us`` (kernels),
         ``best_py_us`` (from Python), ``original_us``, ``eager_us``, ``eager_graph_us``,
         ``compile_us``, ``compile_autotune_us``, ``compile_s``, ``compile_autotune_s``; per
-        ratio of :data:`RATIOS` (``speedup``, ``speedup_vs_eager``, ``speedup_vs_eager_graph``,
+        ratio of :data:`RATIOS` (``speedup_vs_original``, ``speedup_vs_eager``, ``speedup_vs_eager_graph``,
         ``speedup_vs_compile``, ``speedup_vs_compile_autotune``) the value and
         ``<ratio>_ci`` ([lo, hi]); for each of these that is None ``<field>_reason``; and
         ``dtypes``, ``torch_dtype``, ``baseline_device``, ``device_name``."""
