@@ -73,4 +73,4 @@ def test_the_sequence_reaches_the_tiled_form_every_step_equal(case, monkeypatch,
     monkeypatch.setenv("STP_CUDA_SIM", "1")
     monkeypatch.setenv("STP_PTX_CACHE", str(tmp_path / "ptx"))
     res = verify_pair(orig, mods[-1], device="cuda")
-    assert res.ok and res.equal, res.reason
+    assert res.ok and res.equal and res.device == "cuda", res.reason
