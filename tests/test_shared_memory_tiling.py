@@ -63,7 +63,7 @@ def test_the_translated_gemm_is_split_and_bound_with_the_reduction_step_below_th
     loops = bound.program.nests[0].loops
     assert [(l.kind, l.extent) for l in loops] == [("B", 4), ("B", 4), ("L", 8), ("B", 4), ("B", 4), ("L", 8),
                                                     ("L", 4), ("L", 4)]
-    assert [l.thread_tag for l in loops if l.kind == "B"] == ["blockIdx.x", "blockIdx.y", "threadIdx.x", "threadIdx.y"]
+    assert [l.thread_tag for l in loops if l.kind == "B"] == ["blockIdx.x", "blockIdx.y", "threadIdx.y", "threadIdx.x"]
     sites = [s.describe()["bindings"]["Z"] for s in find_sites(RULES["shared_memory_tiling"], bound)]
     assert sorted(sites) == ["A", "C"]            # one tile per input, none of the output
 

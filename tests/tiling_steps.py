@@ -66,8 +66,11 @@ def gemm_tiling(block: int = 16, micro: int = 4, bk: int = 8, w: int = 4) -> lis
         ("loop_split", {"nest": [0], "loop": 4}, {"f": micro}),
         ("loop_reorder", {"nest": [0]}, {"order": [0, 3, 6, 1, 4, 7, 2, 5]}),
         ("loop_binding", {"nest": [0], "loop": 1}, {"ax": "by"}),
-        ("loop_binding", {"nest": [0], "loop": 3}, {"ax": "tx"}),
-        ("loop_binding", {"nest": [0], "loop": 4}, {"ax": "ty"}),
+        # rows of threads on threadIdx.y, columns on threadIdx.x: a warp's 32 lanes read one
+        # row of A's tile (a broadcast) and consecutive columns of C's (no bank conflict), and
+        # write consecutive columns of the output (coalesced)
+        ("loop_binding", {"nest": [0], "loop": 3}, {"ax": "ty"}),
+        ("loop_binding", {"nest": [0], "loop": 4}, {"ax": "tx"}),
         ("register_tiling", {"nest": [0]}, {"s": "l"}),
         ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "A"}}, {"w": w}),
         ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "C"}}, {"w": w}),
