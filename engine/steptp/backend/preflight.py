@@ -34,7 +34,15 @@ and loop, not a TIR node):
     a cross-thread all-reduce) when :func:`cross_thread_problem` finds nothing (a sum,
     product, max or min accumulation, initialised by its own equation, with only reduction
     loops inside the bound loop), and so are ``shared`` (per block) / ``local`` (per thread)
-    tensors that each iteration writes before reading (a tile staged in shared memory);
+    tensors that each iteration writes before reading (a tile staged in shared memory). A
+    shared tile may be filled *cooperatively* (TVM ``cache_read`` + the cooperative fetch,
+    rule ``shared_memory_tiling``): a copy phase whose threads write distinct elements (its
+    flat index is a mixed-radix form over the thread and copy loops, :func:`_separates`) and
+    together the whole tile (a dense form over the copy's own loops, :func:`_dense_span`)
+    before the reading phase runs; TVM's ``ThreadSync("shared")`` puts ``__syncthreads()``
+    between the two phases and at the top of the enclosing reduction loop (the next fill
+    overwrites what the previous readers read). A tile read in the phase that fills it, or
+    kept in global memory, stays refused;
   - a global tensor handed between the phases of one kernel (sibling ``threadIdx`` loops
     under the same ``blockIdx`` loops, or code outside them) by different threads: TVM puts
     ``__syncthreads()`` between phases only for ``shared`` buffers
