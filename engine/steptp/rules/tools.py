@@ -54,6 +54,8 @@ EXTRA_STRATEGIES: tuple[str, ...] = (
     "epilogue_fusion",            # an element-wise consumer moved into its reduction's nest (reverse_compute_at)
     "block_fusion",               # two kernels over the same blocks as one, handed values in shared memory
     "compute_inline_indexed",     # compute_inline of a producer read at other subscripts (a padding nest)
+    "shared_memory_tiling",       # cache_read shared at the outer reduction loop, fetched cooperatively by the block
+    "register_tiling",            # cache_write local: a thread's micro-tile accumulates in registers
 )
 
 
