@@ -252,7 +252,9 @@ def test_evolutionary_screens_many_and_measures_the_top_k():
 
 def test_screening_policy_proposes_the_best_scored_first():
     root = load_leir(EXAMPLES / "softmax.leir")
-    pol = C.ScreeningPolicy(_Policy(root.signature), _Scorer(), screen=10)
+    from steptp.policy import ScreeningPolicy
+
+    pol = ScreeningPolicy(_Policy(root.signature), _Scorer(), screen=10)
     node = Search(root, pol, _Measure()).root
     assert [p.strategy for p in pol.propose(node, [], 3)] == ["s10", "s9", "s8"]
     assert [p.strategy for p in pol.propose(node, [], 2)] == ["s7", "s6"]

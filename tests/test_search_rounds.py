@@ -269,3 +269,35 @@ def test_engine_proposals_replayed_from_the_cache_are_not_proposed_again():
                           mod.signature)
     got = [[p.module.text() for p in replay.propose(mod, [], 2)] for _ in range(3)]
     assert replay.inner is not None and got == want  # the 2nd and 3rd call went to the engine
+
+
+def test_at_size_the_node_computes_the_references_and_verifies_every_candidate(tmp_path):
+    """A program above the CPU check budget (here lowered to 100 equation instances per trial
+    with $STP_CPU_CHECK_WORK, the same path a KernelBench-size program takes): its candidates
+    get only the checks that execute nothing on this CPU, the pack carries no reference digests
+    ("references": "node"), the node computes the original's references from its CPU build and
+    verifies every candidate at full size; only those verdicts make samples."""
+    out = tmp_path / "s"
+    env = {**os.environ, "STP_CPU_CHECK_WORK": "100"}
+    cmd = [str(STP), "search", str(ROOT / "examples" / "softmax.leir"), "-o", str(out), "--device", "cuda",
+           "--runner", "pack", "-n", "1", "--breadth", "3", "--candidates-per-rule", "2", "-q"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 3, r.stdout + r.stderr
+    cache = json.loads((out / "softmax" / ".search" / "cache.json").read_text())
+    assert cache["verified"] and all(v["where"] == "node" for v in cache["verified"].values())
+    man = json.loads((out / "rounds" / "0" / "pack" / "manifest.json").read_text())
+    prog = next(iter(man["programs"].values()))
+    assert prog["references"] == "node" and prog["outputs_sha1"] is None and man["entries"]
+    _node(out, 0)
+    recs = [json.loads(x) for x in (out / "rounds" / "0" / "results" / "results.jsonl").read_text().splitlines()]
+    assert recs and all(x["original"]["equal"] and x["transformed"]["trials"] == 5 for x in recs
+                        if x["status"] == "equal")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    while r.returncode == 3:  # the best's re-time
+        k = max(int(p.name) for p in (out / "rounds").iterdir() if p.name.isdigit())
+        _node(out, k)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sm = json.loads((out / "softmax" / "summary.json").read_text())
+    assert sm["samples"] == sum(x["status"] == "equal" for x in recs)
+    assert sm["sol_us"] > 0 and sm["flops"] > 0 and sm["gpu_device"].startswith("simulated")

@@ -97,6 +97,23 @@ def poison_outputs(signature: Signature) -> dict[str, np.ndarray]:
 #: Default resource limits of one verification (checked before anything is built).
 MAX_VERIFY_BYTES = 2 << 30          # all buffers of one program (known tensors + intermediates)
 MAX_VERIFY_WORK = 1 << 31           # equation instances executed per trial (sum over equations)
+#: Equation instances per trial above which a GPU search (``stp search --runner pack``) does not
+#: execute a program on this CPU: its candidates get :func:`static_check` here, and the GPU node
+#: computes the original's references (its CPU build, on the node's cores) and verifies every
+#: candidate at full size (issue 44: KernelBench-size programs run milliseconds on a GPU and
+#: minutes in the CPU's poisoned verification form).
+CPU_CHECK_WORK = 1 << 24
+
+
+def cpu_check_work() -> int:
+    """:data:`CPU_CHECK_WORK`, or ``$STP_CPU_CHECK_WORK`` when set (a test makes a small program
+    take the at-size path with it)."""
+    import os
+
+    try:
+        return int(os.environ.get("STP_CPU_CHECK_WORK") or CPU_CHECK_WORK)
+    except ValueError:
+        return CPU_CHECK_WORK
 
 
 def resource_problem(module: LeirModule, max_bytes: int | None = None, max_work: int | None = None) -> str:
@@ -704,7 +721,7 @@ def clear_reference_cache() -> None:
     _REF_CACHE.clear()
 
 
-__all__ = ["static_check", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
+__all__ = ["static_check", "CPU_CHECK_WORK", "cpu_check_work", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "ordered_inputs",
            "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",

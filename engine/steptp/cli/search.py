@@ -97,8 +97,8 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                            "--algorithm."),
            arch: str = typer.Option("sm_90", "--arch", help="--runner pack: the GPU node's architecture (sm_XY)."),
            workers: int = typer.Option(1, "-j", "--workers", min=1,
-                                       help="--runner pack: programs searched in parallel processes (the rounds do "
-                                            "not depend on it)."),
+                                       help="--runner pack: worker processes searching programs in parallel (the "
+                                            "rounds do not depend on it)."),
            no_sim: bool = typer.Option(False, "--no-sim",
                                        help="--runner pack: packs without the simulated device's CPU builds (a "
                                             "real GPU node does not need them).")):
@@ -219,7 +219,8 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         typer.echo(f"round {waiting['round']}: {len(info.get('pending', []))} program(s) waiting for "
                    f"{waiting['entries']} measurement(s). On the GPU node run:\n"
                    f"  python -m steptp.gpu.run {shlex.quote(waiting['pack'])} -o {shlex.quote(waiting['results'])} "
-                   f"--time --retime-best 1\n"
+                   f"--time --retime-best 1 --baselines --compile --autotune --sanitizer\n"
+                   f"(or benchmarks/gpu_at_size.sh with time caps)\n"
                    f"then, with the results copied back to {waiting['results']}, run this command again:\n  {cmd}")
         if not info.get("internal_errors"):
             raise typer.Exit(EXIT_WAITING)

@@ -48,6 +48,7 @@ class PackRunner:
         self._results: dict = {}    # entry id -> EntryRecord, every complete round
         self._retimes: dict = {}    # entry id -> the node's second measurement (EntryRecord)
         self._baselines: dict = {}  # the pack's program key -> ProgramBaselines (the latest round's)
+        self._skipped: dict[str, str] = {}  # entry id -> why the pack builder left it out
         self._pending: dict[str, dict] = {}   # entry id -> entry of the next round
         self.rounds_done = 0
         self._load()
@@ -64,6 +65,7 @@ class PackRunner:
 
     def _load(self) -> None:
         for d in self._round_dirs():
+            self._skipped.update(_skipped(d))
             got = _complete(d)
             if got is None:
                 continue
@@ -88,6 +90,9 @@ class PackRunner:
     def result(self, key: str, purpose: str = "search") -> MeasureResult | None:
         """The result of entry ``key`` (a re-time: the node's second measurement, else the
         ``<key>:retime`` entry), None while pending."""
+        eid = key if purpose == "search" else f"{key}:retime"
+        if eid in self._skipped and eid not in self._results:
+            return MeasureResult("build_failed", reason=f"not packed: {self._skipped[eid]}")
         if purpose == "retime":
             rec = self._retimes.get(key) or self._results.get(f"{key}:retime")
             return None if rec is None else _measure_result(rec, self._baselines.get(rec.program))
@@ -131,8 +136,11 @@ class PackRunner:
         else:
             d = self.rounds_dir / str(int(last.name) + 1 if last is not None else 0)
         _write_round(d, entries, self.write_pack)
+        skipped = _skipped(d)
+        self._skipped.update(skipped)
+        self._pending.clear()
         return {"round": int(d.name), "pack": str(d / "pack"), "results": str(d / "results"),
-                "entries": len(entries)}
+                "entries": len(entries) - len(skipped), "skipped": len(skipped)}
 
 
 def _read_results(d: Path):
@@ -163,9 +171,27 @@ def _measure_result(rec, baselines=None) -> MeasureResult:
                                 **({"baselines": baselines.summary_fields()} if baselines is not None else {})})
 
 
+def _skipped(d: Path) -> dict[str, str]:
+    """Entries the pack builder of round ``d`` left out (a candidate that does not build for the
+    GPU, an original that fails), by entry id, with the reason: answered as ``build_failed``."""
+    man = d / "pack" / "manifest.json"
+    try:
+        doc = json.loads(man.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {x["id"]: x.get("reason", "") for x in doc.get("skipped", []) if isinstance(x, dict) and "id" in x}
+
+
 def _complete(d: Path) -> bool | None:
-    """True when round ``d``'s results hold a record for every entry of its manifest, else None."""
+    """True when round ``d``'s results hold a record for every entry of its manifest (or its
+    pack holds no entry at all: every one was left out), else None."""
     res, man = d / "results" / "results.jsonl", d / "pack" / "manifest.json"
+    if man.exists() and not res.exists():
+        try:
+            if not json.loads(man.read_text(encoding="utf-8")).get("entries"):
+                return True
+        except (OSError, ValueError):
+            return None
     if not res.exists() or not man.exists():
         return None
     try:

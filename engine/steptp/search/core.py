@@ -236,7 +236,7 @@ class Search:
                     break
                 batch.append((node, child))
             kids.append((node, child))
-        evs = self.evaluator.evaluate_batch([(c.module, c.steps) for _, c in batch]) if batch else []
+        evs = self._evaluate([(c.module, c.steps) for _, c in batch]) if batch else []
         for (node, child), ev in zip(batch, evs):
             for stage, s in (getattr(ev, "seconds", None) or {}).items():
                 self.timer.add(stage, s)
@@ -259,6 +259,14 @@ class Search:
                     self.progress.set_postfix(best=f"{self.best.speedup:.2f}x")
                 self._observe(node, child)
         return out
+
+    def _evaluate(self, items: list) -> list[Evaluation]:
+        """The evaluator's ``evaluate_batch``, or its ``evaluate`` per item for one that
+        measures one program at a time (single-step proposals only)."""
+        batch = getattr(self.evaluator, "evaluate_batch", None)
+        if batch is not None:
+            return list(batch(items))
+        return [self.evaluator.evaluate(m) for m, _ in items]
 
     def _screen(self, node: Node, p: Proposal, ancestors: set[str], seen: dict) -> Node:
         """The child of ``node`` for ``p`` with its status when it is rejected before any

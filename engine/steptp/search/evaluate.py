@@ -12,7 +12,7 @@ program, time the Equal ones.
   on a GPU node later), the Equal candidates of a proposal batch together; a pending answer
   raises :class:`steptp.runner.base.Pending`. With ``pack`` candidates are verified on this
   CPU (with the GPU preflight and CUDA code generation) and again on the node; programs too
-  large to execute here (:data:`CPU_VERIFY_WORK`) only on the node, at full size.
+  large to execute here (:data:`steptp.verify.CPU_CHECK_WORK`) only on the node, at full size.
 * Caches: verification results per canonical program text (kept by the driver across the
   runs of a search that waits for its runner), so a program seen twice costs nothing the
   second time.
@@ -26,12 +26,6 @@ from ..leir import LeirModule
 from .core import Evaluation, canonical
 
 
-#: Equation instances per trial above which a search measured on a GPU node does not execute
-#: its candidates on this CPU (a ``stp corpus --gpu`` program at KernelBench size runs
-#: milliseconds on a GPU and minutes in the CPU's verification form): they are checked here
-#: without executing (preflight, CUDA code generation) and verified on the node at full size
-#: against the original's CPU build there (issue 44).
-CPU_VERIFY_WORK = 1 << 24
 
 
 class RootFailed(RuntimeError):
@@ -92,10 +86,10 @@ class Measure:
             runner = create("local", device=device, repeat=repeat, warmup=warmup, timer=timer)
         self.runner = runner
         self.local = runner.kind == "local"
-        from ..verify import resource_problem  # noqa: PLC0415
+        from ..verify import cpu_check_work, resource_problem  # noqa: PLC0415
 
         #: too large to execute on this CPU: only the static checks here, verified on the node
-        self.at_size = not self.local and bool(resource_problem(root, max_work=CPU_VERIFY_WORK))
+        self.at_size = not self.local and bool(resource_problem(root, max_work=cpu_check_work()))
         why = cuda_problem() if self.local and device == "cuda" else ""
         if why:
             raise TargetUnavailable(f"--device cuda: {why}")
@@ -134,7 +128,7 @@ class Measure:
     def verify(self, module: LeirModule) -> dict:
         """``{"equal", "reason"}`` of ``module`` against the root (3 random + 2 ordered
         trials; cached by canonical text in :attr:`verified`). With a remote runner and a root
-        above :data:`CPU_VERIFY_WORK` (:attr:`at_size`) only the checks that execute nothing
+        above :data:`steptp.verify.CPU_CHECK_WORK` (:attr:`at_size`) only the checks that execute nothing
         (:func:`steptp.verify.static_check`: GPU preflight, CUDA code generation), ``"where":
         "node"``: the node verifies it at full size before timing it, and only its verdict
         makes a sample."""

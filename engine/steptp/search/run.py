@@ -428,23 +428,21 @@ def _remote_fields(runner, s: Search, retime, summary: dict) -> dict:
     that it is not like with like."""
     from ..roofline import gpu_model_for, roofline, sol_fields
 
-    extra = (retime.extra if retime is not None else {}) or {}
-    if not extra.get("eager"):
-        for n in s.nodes:  # the eager timing of any measured candidate's record
-            r = getattr(runner, "result", None)
-            rec = r(f"{summary['program']}:{_hash(n.text)}") if r and n.status == "equal" else None
-            if rec is not None and rec.extra.get("eager"):
-                extra = {**rec.extra, **{k: v for k, v in extra.items() if v is not None}}
-                break
+    extra = dict((retime.extra if retime is not None else {}) or {})
+    lookup = getattr(runner, "result", None)
+    for n in s.nodes if lookup is not None else []:  # the device and eager of any measured candidate
+        if extra.get("eager") and extra.get("device_name"):
+            break
+        rec = lookup(f"{summary['program']}:{_hash(n.text)}") if n.status == "equal" else None
+        if rec is not None:
+            extra = {**{k: v for k, v in rec.extra.items() if k != "baselines"},
+                     **{k: v for k, v in extra.items() if v is not None}}
     device = extra.get("device_name") or extra.get("device")
     out: dict = {"rounds": getattr(runner, "rounds_done", None), "gpu_device": device}
     base = dict(extra.get("baselines") or {})
     if base:
-        # the baseline session's own best/original ratio is not the search's speedup (the re-time's)
-        out["speedup_baseline_session"], out["speedup_baseline_session_ci"] = base.pop("speedup", None), \
-            base.pop("speedup_ci", None)
-        base.pop("speedup_reason", None)
-        out.update(base)
+        base = {k: v for k, v in base.items() if k not in ("speedup", "speedup_ci", "speedup_reason")}
+        out.update(base)  # (speedup_vs_original: the baseline session's own figure; speedup: the re-time's)
     else:
         why = ("no re-timed best (nothing beat the original)" if retime is None else
                "the node measured no baselines (python -m steptp.gpu.run ... --baselines)")
@@ -589,6 +587,7 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
     summaries = []
     failed: list[dict] = []
     pending: list[str] = []
+    pending_paths: set[str] = set()
     stopped = ""
     names = _unique_names(paths)
     todo = []
@@ -619,6 +618,7 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
             return True
         if res.get("status") == "pending":
             pending.append(res["program"])
+            pending_paths.add(str(path))
             return True
         summaries.append(res)
         if str(res.get("stopped", "")).startswith(SIGNALLED):
@@ -626,12 +626,45 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
             return False  # a signal stops the run, not only this program: report what there is
         return True
 
+    waiting = None
+    for _attempt in range(64):  # a round whose every entry the pack builder left out needs no node
+        _advance(todo, runner, cfg, client, rules, workers, len(paths), outcome)
+        if stopped:
+            break
+        waiting = runner.submit() if pending else None
+        if not waiting or waiting.get("entries"):
+            break
+        again = set(pending_paths)
+        pending.clear()
+        pending_paths.clear()
+        todo = [t for t in todo if str(t[0]) in again]
+        runner = create("pack", out=out, write_pack=write_pack)
+    info = run_summary(len(paths), len(summaries), failed)
+    if stopped:
+        info["stopped"] = stopped
+    if pending:
+        info["pending"] = sorted(pending)
+        info["waiting"] = waiting
+    write_report(out, info)
+    _write_atomic(out / "run_summary.json", json.dumps(info, indent=1) + "\n")
+    if run_info is not None:
+        run_info.update(info)
+    return summaries
+
+
+def _advance(todo: list, runner, cfg: SearchConfig, client, rules, workers: int, n_paths: int, outcome) -> None:
+    """Run (or resume) every program of ``todo`` (``(path, name, directory)``) once with
+    ``runner``, in this process or over ``workers`` processes (``pack`` runner only), each
+    result handed to ``outcome(path, summary | {"status": "pending"} | exception)`` (False:
+    stop the run)."""
+    from tqdm import tqdm
+
     if workers > 1 and cfg.runner == "pack" and len(todo) > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=mp.get_context("spawn")) as pool:
-            futs = [(path, pool.submit(_advance_remote, str(path), str(d), cfg, str(out))) for path, _, d in todo]
+            futs = [(path, pool.submit(_advance_remote, str(path), str(d), cfg, str(runner.out))) for path, _, d in todo]
             for path, f in tqdm(futs, desc="programs", unit="program", disable=not cfg.progress):
                 try:
                     res, entries = f.result()
@@ -640,24 +673,13 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
                 runner.add_pending(entries)
                 outcome(path, res)
     else:
-        for path, nm, d in tqdm(todo, desc="programs", unit="program", disable=not cfg.progress or len(paths) == 1):
+        for path, nm, d in tqdm(todo, desc="programs", unit="program", disable=not cfg.progress or n_paths == 1):
             try:
                 res = search_program(path, d, cfg, client=client, rules=rules, runner=runner)
             except Exception as e:  # noqa: BLE001 - one program's failure must not stop the others
                 res = e
             if not outcome(path, res):
                 break
-    info = run_summary(len(paths), len(summaries), failed)
-    if stopped:
-        info["stopped"] = stopped
-    if pending:
-        info["pending"] = sorted(pending)
-        info["waiting"] = runner.submit()
-    write_report(out, info)
-    _write_atomic(out / "run_summary.json", json.dumps(info, indent=1) + "\n")
-    if run_info is not None:
-        run_info.update(info)
-    return summaries
 
 
 def _advance_remote(path: str, outdir: str, cfg: SearchConfig, out: str) -> tuple:
