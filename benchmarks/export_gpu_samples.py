@@ -1,11 +1,11 @@
 """Write a round search's GPU samples as the package's shipped GPU timings (issue 37).
 
-    python benchmarks/export_gpu_samples.py OUT/rounds/state.json \
-        engine/steptp/search/data/gpu_samples_h200.json.gz --device "NVIDIA H200"
+    python benchmarks/export_gpu_samples.py OUT \
+        engine/steptp/cost_model/data/gpu_samples_h200.json.gz --device "NVIDIA H200"
 
 Every candidate that ran Equal on the GPU and was timed against its original becomes one row
 (root .leir, candidate .leir, ln speedup); ``stp search --runner pack --rank model`` starts
-from these rows (:func:`steptp.search.rounds.shipped_rows`), less those of the programs it
+from these rows (:func:`steptp.cost_model.samples.shipped_rows`), less those of the programs it
 searches. Prints the counts and the file size."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import argparse
 import json
 import os
 
-from steptp.search.rounds import export_samples
+from steptp.cost_model.samples import export_samples
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("state", help="OUT/rounds/state.json of a stp search --runner pack run")
+    ap.add_argument("state", help="OUT of a stp search --runner pack run (OUT/<program>/tree.jsonl, root.leir)")
     ap.add_argument("out", help="the gzipped samples file to write")
     ap.add_argument("--device", required=True, help="the GPU the samples were measured on")
     a = ap.parse_args()

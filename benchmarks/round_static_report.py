@@ -1,11 +1,13 @@
 """What a round of the GPU round search built, by the static GPU model (no GPU needed).
 
-    python benchmarks/round_static_report.py OUT/rounds/state.json [--measured SUMMARY.json]
+    python benchmarks/round_static_report.py OUT/rounds/<k> [--measured SUMMARY.json]
 
-For the round's candidates (the pending round's, else every measured one) prints per program
+For a round's candidates (``OUT/rounds/<k>/dictionary.jsonl`` of ``stp search --runner pack``)
+prints per program
 the fewest kernel launches (top-level nests) of a candidate, the static model's best estimate
-(``steptp.cost_model.gpu.estimate_gpu_ns``, microseconds) and, with ``--measured`` (a round
-search's ``summary.json`` from a GPU, e.g. benchmarks/results/gpu-search-h200/summary.json),
+(``steptp.cost_model.gpu.estimate_gpu_ns``, microseconds) and, with ``--measured`` (a GPU
+search's combined ``summary.json``, e.g. benchmarks/results/gpu-search-h200/summary.json, or a
+search directory holding ``<program>/summary.json``),
 the measured original over that estimate: the speedup the candidate would have if the GPU
 agreed with the model. Then the totals: candidates, those with each rule in their steps, the
 kernel sum, how many programs reach 30x by that estimate and the median of it. Model figures,
@@ -20,31 +22,39 @@ import json
 import statistics
 import sys
 
-from steptp.leir.fileformat import parse_leir
+from steptp.leir import parse_program
 from steptp.cost_model.gpu import estimate_gpu_ns
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("state", help="OUT/rounds/state.json of `stp search --runner pack`")
-    ap.add_argument("--measured", help="summary.json of a GPU round search (root_us per program)")
+    ap.add_argument("round", help="OUT/rounds/<k> of `stp search --runner pack` (its dictionary.jsonl)")
+    ap.add_argument("--measured", help="a GPU search's summary.json (root_us per program) or its directory")
     ap.add_argument("--mark", type=float, default=30.0, help="speedup mark to count (default 30)")
     a = ap.parse_args(argv)
+    from pathlib import Path
+
     try:
-        state = json.load(open(a.state))
-        measured = {p["program"]: p for p in json.load(open(a.measured))["programs"]} if a.measured else {}
+        pending: dict = collections.defaultdict(list)
+        for line in (Path(a.round) / "dictionary.jsonl").read_text(encoding="utf-8").splitlines():
+            e = json.loads(line)
+            pending[e["program"]].append({"text": e["transformed"]["leir"], "steps": [{"rule": e["strategy"]["id"]}]})
+        measured = {}
+        if a.measured and Path(a.measured).is_dir():
+            for f in Path(a.measured).glob("*/summary.json"):
+                sm = json.loads(f.read_text())
+                measured[sm["program"]] = {"root_us": sm.get("root_time_us")}
+        elif a.measured:
+            measured = {p["program"]: p for p in json.load(open(a.measured))["programs"]}
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    pending = (state.get("pending") or {}).get("candidates")
-    if pending is None:
-        pending = {n: [m for m in p["measured"].values() if m.get("text")] for n, p in state["programs"].items()}
     rules: collections.Counter = collections.Counter()
     rows = []
     for name, cands in sorted(pending.items()):
         if not cands:
             continue
-        progs = [parse_leir(c["text"]).program for c in cands]
+        progs = [parse_program(c["text"]) for c in cands]
         for c in cands:
             rules.update({s["rule"] for s in c.get("steps", [])})
         kernels = min(len(p.nests) for p in progs)

@@ -236,7 +236,8 @@ class Search:
                     break
                 batch.append((node, child))
             kids.append((node, child))
-        evs = self._evaluate([(c.module, c.steps) for _, c in batch]) if batch else []
+        evs = self._evaluate([(c.module, c.steps or ([{"rule": c.strategy, "leir": c.text}] if c.strategy else []))
+                              for _, c in batch]) if batch else []
         for (node, child), ev in zip(batch, evs):
             for stage, s in (getattr(ev, "seconds", None) or {}).items():
                 self.timer.add(stage, s)
