@@ -301,3 +301,31 @@ def test_at_size_the_node_computes_the_references_and_verifies_every_candidate(t
     sm = json.loads((out / "softmax" / "summary.json").read_text())
     assert sm["samples"] == sum(x["status"] == "equal" for x in recs)
     assert sm["sol_us"] > 0 and sm["flops"] > 0 and sm["gpu_device"].startswith("simulated")
+
+
+def test_the_engine_proposes_a_tiled_gemm_in_one_proposal_and_the_gpu_model_prefers_it():
+    """A GEMM as the translator writes it: one of the engine's multi-step proposals is the tiled
+    form (blocks and threads bound, a register micro-tile, shared tiles of both inputs fetched
+    cooperatively, vectorized copies, unrolled micro-tile loops), every step verifying; at a
+    size where tiles matter (512^3) the static GPU model ranks it above every other proposal of
+    the engine, which proposes it first (issue 44)."""
+    from steptp.cost_model.static import static_scores
+    from steptp.policy import EnginePolicy
+
+    def gemm(n: int) -> str:
+        return (f"% program: gemm\n% input A: f32[{n},{n}]\n% input C: f32[{n},{n}]\n% output D: f32[{n},{n}]\n"
+                f"B^{{{n}}}_{{tx=0}}L^{{{n}}}_{{a=0}}L^{{{n}}}_{{c=0}}"
+                "[D^{f32,g}_{tx,a}=D^{f32,g}_{tx,a}+A^{f32,g}_{tx,c}*C^{f32,g}_{c,a};];\n")
+
+    small = parse_leir(gemm(64))
+    tiled = [st for st in _proposals(gemm(64)) if "shared_memory_tiling" in {s["rule"] for s in st}]
+    assert len(tiled) == 1
+    rules = [s["rule"] for s in tiled[0]]
+    assert {"register_tiling", "loop_vectorization", "loop_unrolling", "loop_binding"} <= set(rules)
+    assert rules.count("shared_memory_tiling") == 2  # both inputs
+    assert _verified_steps(small, tiled[0])
+    big = parse_leir(gemm(512))
+    pol = EnginePolicy(rank="cost", seed=0, per_rule=2, target="cuda", macros=True, isolated=False)
+    first = pol.propose(big, [], 1)[0]
+    assert "shared_memory_tiling" in first.strategy and "register_tiling" in first.strategy
+    assert static_scores(big.program, [first.module.program], "cuda")[0] > math.log(4)

@@ -13,8 +13,14 @@ Each top-level nest is one kernel launch (the backend's GPU form). For a kernel:
   one), resident blocks per SM ``min(32, 2048 // (32 * warps))``, waves
   ``ceil(G / (SMs * resident blocks))``; ``occupancy`` = resident warps / 64.
 * **issue (throughput)**: every thread executes, per serial iteration of each equation, its
-  arithmetic (:func:`steptp.cost_model.static._ops`, 1 per ``+ - * /``, 12 per ``exp``...) plus one
-  instruction per memory access; warps issue at 4 warp-instructions per cycle per SM.
+  arithmetic (:func:`steptp.cost_model.opcount._value_ops`: 1 per ``+ - * /``, 12 per ``exp``...,
+  subscripts excluded: their arithmetic is address computation) plus one instruction per
+  memory access; warps issue at 4 warp-instructions per cycle per SM.
+  **Register reuse** (issue 44): a local (``l``) operand is a register (no load); inside
+  unrolled (``U``) loops an access whose subscript does not use a loop's variable is loaded
+  once for all its iterations (the register micro-tile reads each element of a shared tile
+  once per ``micro`` products), and the unrolled copies of an accumulation into different
+  elements are independent chains whose latencies overlap.
 * **latency**: one thread's serial chain: per iteration ``4 * ops`` cycles (dependent FP
   latency) plus the global accesses' latency (``GLOBAL_LATENCY`` cycles for the share of an
   access's traffic that first touches DRAM, ``CACHED_LATENCY`` for the rest) divided by the warps
@@ -45,7 +51,7 @@ from dataclasses import dataclass
 
 from ..leir import ast as A
 from ..leir.analysis import index_names
-from .opcount import _accesses, _ops
+from .opcount import _accesses, _value_ops
 
 #: Nanoseconds per kernel launch (back-to-back launches of small kernels). Measured on the
 #: H200 (issue 37): the six translated originals of the 40-program corpus whose kernels do
@@ -124,6 +130,16 @@ def _equations(nest: A.Nest, outer: tuple[A.Loop, ...] = ()):
             yield from _equations(item, loops)
 
 
+def _load_share(acc: A.Tensor, unrolled: list) -> float:
+    """Instructions per iteration for access ``acc`` (module docstring: register reuse): 0 for
+    a local (register) tensor, else 1 over the extents of the unrolled loops its subscript does
+    not use."""
+    if acc.scope == "l":
+        return 0.0
+    used = set().union(*[index_names(i) for i in acc.indices]) if acc.indices else set()
+    return 1.0 / math.prod(lp.extent for lp in unrolled if lp.var not in used)
+
+
 def _warp_bytes(acc: A.Tensor, lane_var: str | None, tgt: GpuTarget) -> float:
     """Bytes one warp moves for one access of ``acc`` (see the module docstring)."""
     b = A.DTYPE_BYTES.get(acc.dtype, 4)
@@ -163,9 +179,16 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
         lane = next((lp.var for lp in loops if lp.kind == "B" and lane_axis and lp.var.startswith(lane_axis)), None)
         serial = math.prod(lp.extent for lp in loops if lp.kind != "B")
         accs = list(_accesses(eq))
-        ops = _ops(eq.value)
-        g_accs = [a for a in accs if a.scope not in ("s", "l")]
-        per_iter_instr = ops + len(accs)
+        ops = _value_ops(eq.value)
+        unrolled = [lp for lp in loops if lp.kind == "U"]
+        # register reuse: a local (register) operand costs no load; an access inside unrolled
+        # loops whose variables its subscript does not use is loaded once for all their
+        # iterations (the compiler keeps it in a register: a register tile's reuse of a shared
+        # tile's element), so it costs 1/extent of those loops per iteration
+        per_iter_instr = ops + sum(_load_share(a, unrolled) for a in accs)
+        # independent accumulators of an unrolled micro-tile overlap their latencies
+        written = set().union(*[index_names(i) for i in eq.target.indices]) if eq.target.indices else set()
+        ilp = math.prod(lp.extent for lp in unrolled if lp.var in written)
         warps_total = blocks * warps_per_block
         issue_cycles += warps_total * serial * per_iter_instr / (4.0 * busy_sms)
         hide = max(1.0, min(active_warps, 16))
@@ -185,7 +208,7 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
             l2 += moved - first
             miss = first / moved if moved > 0 else 1.0  # the share of this access's traffic from DRAM
             wait += CACHED_LATENCY + (GLOBAL_LATENCY - CACHED_LATENCY) * miss
-        latency_cycles += waves * serial * (4.0 * ops + wait / hide)
+        latency_cycles += waves * serial * (4.0 * ops / ilp + wait / hide)
     memory_ns = dram / tgt.dram_gbs + l2 / tgt.l2_gbs + shared / tgt.shared_gbs
     return KernelEstimate(threads, blocks, waves, occupancy, issue_cycles / tgt.freq_ghz,
                           latency_cycles / tgt.freq_ghz, memory_ns, _host_launches(nest))

@@ -27,6 +27,26 @@ def _ops(e: A.Expr) -> int:
     return max(n, 1)
 
 
+def _value_ops(e: A.Expr) -> int:
+    """:func:`_ops` of ``e`` without the arithmetic inside tensor subscripts (the GPU model:
+    a tiled kernel's subscripts are long mixed-radix forms that the compiler folds into
+    address offsets of unrolled loops; an access already costs one instruction there)."""
+    n = 0
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, A.Tensor):
+            continue
+        if isinstance(x, A.BinOp):
+            n += _OP_COST.get(x.op, 1)
+        elif isinstance(x, A.Call):
+            n += _CALL_COST.get(x.func, 4)
+        elif isinstance(x, (A.Compare, A.BoolOp, A.Not, A.Neg)):
+            n += 1
+        todo.extend(A.children(x))
+    return max(n, 1)
+
+
 def _accesses(eq: A.Assign):
     yield eq.target
     for x in A.walk(eq.value):
@@ -34,4 +54,4 @@ def _accesses(eq: A.Assign):
             yield x
 
 
-__all__ = ["_ops", "_accesses"]
+__all__ = ["_ops", "_value_ops", "_accesses"]

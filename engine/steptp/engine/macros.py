@@ -269,6 +269,154 @@ def chains(rule, follow, cands, cur: LeirModule, rng: random.Random, best: int) 
     return [pairs[i][1] for i in order[:best]]
 
 
+def site_for(rule, module: LeirModule, spec: dict):
+    """The one site of ``rule`` in ``module`` matching the filter ``spec``: ``nest`` (a path),
+    ``loop`` (a position in that nest, negative from the innermost), ``bindings``
+    (metavariable -> LEIR text). Raises ``LookupError`` when none or several match."""
+    from . import find_sites  # noqa: PLC0415
+    from .navigation import get_nest  # noqa: PLC0415
+
+    want = dict(spec)
+    binds = want.pop("bindings", {})
+    hits = []
+    for s in find_sites(rule, module):
+        d = s.describe()
+        if "nest" in want and tuple(want["nest"]) != tuple(d.get("nest", ())):
+            continue
+        if "loop" in want and want["loop"] % len(get_nest(module.program, s.nest).loops) != d.get("loop"):
+            continue
+        if any(d["bindings"].get(k) != v for k, v in binds.items()):
+            continue
+        hits.append(s)
+    if len(hits) != 1:
+        raise LookupError(f"{rule.id} {spec}: {len(hits)} matching site(s)")
+    return hits[0]
+
+
+def apply_steps(by_id: dict, module: LeirModule, steps) -> list[dict]:
+    """Apply ``steps`` (``(rule id, site filter, params)``, :func:`site_for`) in turn; returns
+    their records (:func:`_step`). Raises ``LookupError``/``KeyError`` or the engine's errors
+    when a step does not apply (a rewrite the preflight refuses included)."""
+    from . import apply_rule  # noqa: PLC0415
+
+    out, cur = [], module
+    for rule_id, spec, params in steps:
+        rule = by_id[rule_id]
+        st = apply_rule(rule, cur, site=site_for(rule, cur, spec), params=params)
+        cur = LeirModule(module.signature, st.after.program)
+        out.append(_step(rule_id, st))
+    return out
+
+
+def gemm_tiling(k: int, block: int = 16, micro: int = 4, bk: int = 8, w: int = 4) -> list:
+    """The steps that take top-level nest ``k``, a GEMM as the translator writes it
+    (``B^{M}_{tx}L^{N}_{a}L^{K}_{c}[D_{tx,a} += A_{tx,c}*C_{c,a}]``), to ``block`` x ``block``
+    output tiles per thread block of ``(block/micro)^2`` threads, each a ``micro`` x ``micro``
+    register micro-tile, K in steps of ``bk``, both inputs staged in shared memory and copied
+    ``w`` elements at a time, the micro-tile loops unrolled, copies and write-back vectorized
+    (TVM MetaSchedule's MultiLevelTiling "SSRSRS" with shared caches at the outer reduction
+    loop; the CUDA C Programming Guide's tiled matrix multiplication)."""
+    n = [k]
+    return [
+        ("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bx"}),
+        ("loop_split", {"nest": n, "loop": 0}, {"f": block}),
+        ("loop_split", {"nest": n, "loop": 2}, {"f": block}),
+        ("loop_split", {"nest": n, "loop": 4}, {"f": bk}),
+        ("loop_split", {"nest": n, "loop": 1}, {"f": micro}),
+        ("loop_split", {"nest": n, "loop": 4}, {"f": micro}),
+        ("loop_reorder", {"nest": n}, {"order": [0, 3, 6, 1, 4, 7, 2, 5]}),
+        ("loop_binding", {"nest": n, "loop": 1}, {"ax": "by"}),
+        ("loop_binding", {"nest": n, "loop": 3}, {"ax": "ty"}),  # rows of threads on y, columns on x:
+        ("loop_binding", {"nest": n, "loop": 4}, {"ax": "tx"}),  # a warp reads one row of A's tile
+        ("register_tiling", {"nest": n}, {"s": "l"}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "A"}}, {"w": w}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "C"}}, {"w": w}),
+        ("loop_vectorization", {"nest": [k, 0, 0], "loop": -1}, {}),
+        ("loop_vectorization", {"nest": [k, 0, 1], "loop": -1}, {}),
+        ("loop_unrolling", {"nest": [k, 0, 2], "loop": -1}, {}),
+        ("loop_unrolling", {"nest": [k, 0, 2], "loop": -2}, {}),
+        ("loop_vectorization", {"nest": [k, 1], "loop": -1}, {}),
+    ]
+
+
+def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1) -> list:
+    """The steps that take top-level nest ``k``, a 2-D convolution as the translator writes it
+    (``B^{CO}_{tx}L^{OH}_{a}L^{OW}_{c}L^{CI}_{d}L^{KH}_{f}L^{KW}_{g}``), to one output channel
+    per block row, ``f_oh`` output rows per block column, threads over the rows and the
+    ``OW/f_ow`` column groups, ``f_ow`` outputs per thread in registers, the input window and
+    the filter slice staged in shared memory per ``f_ci`` input channels, ``kw`` unrolled, the
+    write-back vectorized."""
+    n = [k]
+    return [
+        ("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bx"}),
+        ("loop_split", {"nest": n, "loop": 1}, {"f": f_oh}),
+        ("loop_split", {"nest": n, "loop": 3}, {"f": f_ow}),
+        ("loop_split", {"nest": n, "loop": 5}, {"f": f_ci}),
+        ("loop_reorder", {"nest": n}, {"order": [0, 1, 5, 2, 3, 6, 7, 8, 4]}),
+        ("loop_binding", {"nest": n, "loop": 1}, {"ax": "by"}),
+        ("loop_binding", {"nest": n, "loop": 3}, {"ax": "tx"}),
+        ("loop_binding", {"nest": n, "loop": 4}, {"ax": "ty"}),
+        ("register_tiling", {"nest": n}, {"s": "l"}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "A"}}, {"w": w}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "C"}}, {"w": w}),
+        ("loop_unrolling", {"nest": [k, 0, 2], "loop": 4}, {}),
+        ("loop_vectorization", {"nest": [k, 1], "loop": 2}, {}),
+    ]
+
+
+def _reduction_shape(nest) -> list[int] | None:
+    """The loop extents of a top-level nest ``B L .. L [one equation]`` whose first loop is the
+    only bound one, else None."""
+    from ..leir import ast as A  # noqa: PLC0415
+
+    loops = nest.loops
+    if not loops or loops[0].kind != "B" or any(lp.kind != "L" for lp in loops[1:]):
+        return None
+    if len(nest.body) != 1 or not isinstance(nest.body[0], A.Assign):
+        return None
+    return [lp.extent for lp in loops]
+
+
+def tiling_proposals(by_id: dict, module: LeirModule) -> list[list[dict]]:
+    """The tiled form of every GEMM-like and convolution-like top-level nest (:func:`gemm_tiling`,
+    :func:`conv_tiling`) as one multi-step proposal each: the first parameters (largest tiles
+    first) whose steps all apply (the rules' own checks and the GPU preflight decide; a
+    parameter that does not divide an extent or a tile over the shared-memory limit fails and
+    the next is tried). Its records are the steps."""
+    needed = ("thread_block_rebinding", "loop_split", "loop_reorder", "loop_binding", "register_tiling",
+              "shared_memory_tiling", "loop_vectorization", "loop_unrolling")
+    if not all(r in by_id for r in needed):
+        return []
+    out = []
+    for k, nest in enumerate(module.program.nests):
+        ext = _reduction_shape(nest)
+        if ext is None:
+            continue
+        if len(ext) == 3:
+            m, n_, kk = ext
+            tries = [(b, mi, bk, w) for b in (64, 32, 16) for mi in (4, 2) for bk in (16, 8)
+                     for w in (4, 2, 1) if m % b == 0 and n_ % b == 0 and kk % bk == 0 and b < min(m, n_) and bk < kk
+                     and (b // mi) ** 2 <= 1024 and (b * bk) % ((b // mi) ** 2 * w) == 0]
+            # enough thread blocks for the device first (132 SMs on an H100/H200: a 256x256 output in
+            # 64x64 tiles is 16 blocks, most SMs idle), the largest tile among those
+            tries.sort(key=lambda t: ((m // t[0]) * (n_ // t[0]) < 132, -t[0], -t[1], -t[2], -t[3]))
+            seqs = [gemm_tiling(k, *t) for t in tries[:6]]
+        elif len(ext) == 6:
+            _, oh, ow, ci, _, _ = ext
+            tries = [(a, b, c) for a in (4, 2) for b in (4, 2) for c in (8, 4) if oh % a == 0 and ow % b == 0
+                     and ci % c == 0 and a < oh and b < ow and c < ci]
+            seqs = [conv_tiling(k, *t) for t in tries[:4]]
+        else:
+            continue
+        for seq in seqs:
+            try:
+                out.append(apply_steps(by_id, module, seq))
+                break
+            except Exception:  # noqa: BLE001 - these parameters do not apply here: the next
+                continue
+    return out
+
+
 def macro_proposals(rules, module: LeirModule, seed: int, per_rule: int = 4, max_steps: int = 48) -> list[list[dict]]:
     """Every multi-step proposal of ``module`` as its list of steps (:func:`_step` records,
     each with its result): a :data:`MACRO_RULES` macro (random sites, seeded) when it takes at
@@ -299,8 +447,9 @@ def macro_proposals(rules, module: LeirModule, seed: int, per_rule: int = 4, max
         got = run_sequence(seq, by_id, module, seeded_rng(seed, "sequence", str(i)), max_steps)
         if got is not None and len(got[1]) > 1:
             out.append(got[1])
+    out += tiling_proposals(by_id, module)
     return out
 
 
 __all__ = ["MACRO_RULES", "MACRO_SEQUENCES", "CHAINS", "CANONICAL_FILTERS", "macro", "run_sequence", "chains",
-           "macro_proposals"]
+           "macro_proposals", "site_for", "apply_steps", "gemm_tiling", "conv_tiling", "tiling_proposals"]
