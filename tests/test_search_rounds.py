@@ -329,3 +329,28 @@ def test_the_engine_proposes_a_tiled_gemm_in_one_proposal_and_the_gpu_model_pref
     first = pol.propose(big, [], 1)[0]
     assert "shared_memory_tiling" in first.strategy and "register_tiling" in first.strategy
     assert static_scores(big.program, [first.module.program], "cuda")[0] > math.log(4)
+
+
+def test_the_engine_proposes_a_tiled_batched_convolution_in_one_proposal(tmp_path):
+    """A translated Conv2d with a batch (7 loops): one multi-step proposal binds batch and
+    output channels to blocks, output rows/columns to threads, keeps each thread's outputs in a
+    register tile and stages the input window in shared memory; every step verifies."""
+    from steptp.programs import load
+
+    src = tmp_path / "conv.py"
+    src.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "        self.conv = torch.nn.Conv2d(8, 16, 3, bias=False)\n\n    def forward(self, x):\n"
+                   "        return self.conv(x)\n\n\ndef get_inputs():\n    return [torch.randn(2, 8, 10, 18)]\n\n\n"
+                   "def get_init_inputs():\n    return []\n")
+    mod, _ = load(src)
+    from steptp.engine.macros import macro_proposals
+    from steptp.rules import load_rules
+
+    tiled = [st for st in macro_proposals(load_rules(), mod, 0, 2)
+             if "shared_memory_tiling" in {s["rule"] for s in st}]
+    assert len(tiled) == 1
+    rules = [s["rule"] for s in tiled[0]]
+    assert rules[:2] == ["thread_block_rebinding", "loop_binding"] and "register_tiling" in rules
+    last = parse_program(tiled[0][-1]["leir"])
+    assert "f32,s" in tiled[0][-1]["leir"] and "f32,l" in tiled[0][-1]["leir"] and len(last.nests) == 1
+    assert _verified_steps(mod, tiled[0])

@@ -294,15 +294,23 @@ def site_for(rule, module: LeirModule, spec: dict):
 
 
 def apply_steps(by_id: dict, module: LeirModule, steps) -> list[dict]:
-    """Apply ``steps`` (``(rule id, site filter, params)``, :func:`site_for`) in turn; returns
-    their records (:func:`_step`). Raises ``LookupError``/``KeyError`` or the engine's errors
+    """Apply ``steps`` (``(rule id, site filter, params)``, :func:`site_for`; a filter with
+    ``"optional": True`` is left out where it does not apply) in turn; returns their records
+    (:func:`_step`). Raises ``LookupError``/``KeyError`` or the engine's errors
     when a step does not apply (a rewrite the preflight refuses included)."""
     from . import apply_rule  # noqa: PLC0415
 
     out, cur = [], module
     for rule_id, spec, params in steps:
         rule = by_id[rule_id]
-        st = apply_rule(rule, cur, site=site_for(rule, cur, spec), params=params)
+        spec = dict(spec)
+        optional = spec.pop("optional", False)
+        try:
+            st = apply_rule(rule, cur, site=site_for(rule, cur, spec), params=params)
+        except Exception:  # noqa: BLE001 - an optional step that does not apply here is left out
+            if optional:
+                continue
+            raise
         cur = LeirModule(module.signature, st.after.program)
         out.append(_step(rule_id, st))
     return out
@@ -339,14 +347,31 @@ def gemm_tiling(k: int, block: int = 16, micro: int = 4, bk: int = 8, w: int = 4
     ]
 
 
-def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1) -> list:
+def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1, batch: bool = False) -> list:
     """The steps that take top-level nest ``k``, a 2-D convolution as the translator writes it
     (``B^{CO}_{tx}L^{OH}_{a}L^{OW}_{c}L^{CI}_{d}L^{KH}_{f}L^{KW}_{g}``), to one output channel
     per block row, ``f_oh`` output rows per block column, threads over the rows and the
     ``OW/f_ow`` column groups, ``f_ow`` outputs per thread in registers, the input window and
     the filter slice staged in shared memory per ``f_ci`` input channels, ``kw`` unrolled, the
-    write-back vectorized."""
+    write-back vectorized. ``batch``: the nest has a batch loop first
+    (``B^{N}_{tx}L^{CO}_{a}...``, 7 loops): the batch goes to ``blockIdx.z`` and the output
+    channels to ``blockIdx.x`` first, every later loop position one further."""
     n = [k]
+    if batch:
+        head = [("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bz"}),
+                ("loop_binding", {"nest": n, "loop": 1}, {"ax": "bx"})]
+        rest = conv_tiling(k, f_oh, f_ow, f_ci, w)[1:]
+        shifted = []
+        for rule, spec, params in rest:
+            spec = dict(spec)
+            if spec.get("nest") == n and isinstance(spec.get("loop"), int) and spec["loop"] >= 0:
+                spec["loop"] += 1
+            elif spec.get("nest") == [k, 0, 2] and spec.get("loop") == 4:
+                spec["loop"] = -1  # kw: the innermost loop of the compute phase
+            if rule == "loop_reorder":
+                params = {"order": [0] + [i + 1 for i in params["order"]]}
+            shifted.append((rule, spec, params))
+        return head + shifted
     return [
         ("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bx"}),
         ("loop_split", {"nest": n, "loop": 1}, {"f": f_oh}),
@@ -358,9 +383,10 @@ def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1)
         ("loop_binding", {"nest": n, "loop": 4}, {"ax": "ty"}),
         ("register_tiling", {"nest": n}, {"s": "l"}),
         ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "A"}}, {"w": w}),
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "C"}}, {"w": w}),
-        ("loop_unrolling", {"nest": [k, 0, 2], "loop": 4}, {}),
-        ("loop_vectorization", {"nest": [k, 1], "loop": 2}, {}),
+        # the filter slice: only where the block's threads divide it
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "C"}, "optional": True}, {"w": w}),
+        ("loop_unrolling", {"nest": [k, 0, 2], "loop": 4, "optional": True}, {}),
+        ("loop_vectorization", {"nest": [k, 1], "loop": 2, "optional": True}, {}),
     ]
 
 
@@ -401,11 +427,12 @@ def tiling_proposals(by_id: dict, module: LeirModule) -> list[list[dict]]:
             # 64x64 tiles is 16 blocks, most SMs idle), the largest tile among those
             tries.sort(key=lambda t: ((m // t[0]) * (n_ // t[0]) < 132, -t[0], -t[1], -t[2], -t[3]))
             seqs = [gemm_tiling(k, *t) for t in tries[:6]]
-        elif len(ext) == 6:
-            _, oh, ow, ci, _, _ = ext
-            tries = [(a, b, c) for a in (4, 2) for b in (4, 2) for c in (8, 4) if oh % a == 0 and ow % b == 0
+        elif len(ext) in (6, 7):
+            batch = len(ext) == 7
+            oh, ow, ci = ext[-5:-2]
+            tries = [(a, b, c) for a in (4, 2) for b in (4, 2) for c in (8, 4, 2) if oh % a == 0 and ow % b == 0
                      and ci % c == 0 and a < oh and b < ow and c < ci]
-            seqs = [conv_tiling(k, *t) for t in tries[:4]]
+            seqs = [conv_tiling(k, *t, batch=batch) for t in tries[:4]]
         else:
             continue
         for seq in seqs:
