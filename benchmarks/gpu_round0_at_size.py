@@ -1,11 +1,11 @@
 """Round 0 of the GPU search at KernelBench size, prepared on a machine without a GPU (issue 44).
 
     python benchmarks/gpu_round0_at_size.py OUT [--count 40] [--seed 5] [-j 2] [--breadth 8]
-        [--lookahead 2] [--iterations 3] [--limit-s 900]
+        [--lookahead 1] [--per-rule 4] [--iterations 3] [--limit-s 900]
 
 1. ``stp corpus --count N --seed S --gpu -o OUT/corpus`` (the GPU benchmark set);
 2. ``stp search OUT/corpus --device cuda --runner pack --no-sim -j J -a greedy --breadth B
-   --rank cost --lookahead L -n I -o OUT/search``: every program's first batch verified here
+   --rank cost --lookahead L --candidates-per-rule P -n I -o OUT/search``: every program's first batch verified here
    (programs too large to execute on this CPU only by the checks that execute nothing: GPU
    preflight and CUDA code generation; the node verifies them at full size) and written as
    round 0's pack; the command exits 3 with the node's command;
@@ -38,7 +38,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("-j", "--workers", type=int, default=2)
     ap.add_argument("--breadth", type=int, default=8)
-    ap.add_argument("--lookahead", type=int, default=2)
+    ap.add_argument("--lookahead", type=int, default=1)
+    ap.add_argument("--per-rule", type=int, default=4, help="--candidates-per-rule")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--limit-s", type=float, default=900.0, help="wall-clock cap of the round (s)")
     a = ap.parse_args()
@@ -49,6 +50,7 @@ def main() -> None:
                         "-q"], check=True)
     cmd = [stp, "search", str(corpus), "--device", "cuda", "--runner", "pack", "--no-sim", "-j", str(a.workers),
            "-a", "greedy", "--breadth", str(a.breadth), "--rank", "cost", "--lookahead", str(a.lookahead),
+           "--candidates-per-rule", str(a.per_rule),
            "-n", str(a.iterations), "-o", str(search), "-q"]
     t0 = time.perf_counter()
     try:
