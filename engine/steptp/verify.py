@@ -313,6 +313,23 @@ def static_check(original: LeirModule, transformed: LeirModule, limits: GpuLimit
     return res
 
 
+def static_check_texts(original_text: str, transformed_text: str, mem_bytes: int = 4 << 30) -> tuple[bool, str]:
+    """:func:`static_check` of two ``.leir`` texts in a worker process whose address space is
+    capped at ``mem_bytes`` (the GPU preflight's proofs grow with the loops of a program at
+    KernelBench size): ``(build, reason)``; over the cap ``(False, "... memory ...")``."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = mem_bytes if hard == resource.RLIM_INFINITY else min(mem_bytes, hard)
+    if soft == resource.RLIM_INFINITY or soft > cap:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        res = static_check(parse_leir(original_text), parse_leir(transformed_text))
+    except MemoryError:
+        return False, f"static check: over the {mem_bytes >> 30} GiB memory limit of the check"
+    return bool(res.build), res.reason
+
+
 _REF_CACHE: "OrderedDict[tuple, tuple[list[dict], list[dict], list[dict] | None]]" = OrderedDict()
 _REF_CACHE_SIZE = 4  # originals; the dataset verifies many candidates of one original in a row
 
@@ -721,7 +738,7 @@ def clear_reference_cache() -> None:
     _REF_CACHE.clear()
 
 
-__all__ = ["static_check", "CPU_CHECK_WORK", "cpu_check_work", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
+__all__ = ["static_check", "static_check_texts", "CPU_CHECK_WORK", "cpu_check_work", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "ordered_inputs",
            "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",

@@ -15,7 +15,7 @@ verify``, ``dataset``, ``eval``, ``search``), ``"engine"`` (:class:`steptp.engin
 rule listing and application under an address-space limit, kept apart because that limit
 stays on the process), ``"gpu-run:<thread>"`` / ``"gpu-ref:<thread>"`` (:mod:`steptp.gpu.run`: one
 GPU worker per thread, pinned to its GPU, and one CPU reference worker per thread),
-``"cuda"`` (CUDA timings of :mod:`steptp.runner.timing`, discarded
+``"check"`` (the checks of :func:`steptp.verify.static_check` under an address-space cap: a GPU search at size), ``"cuda"`` (CUDA timings of :mod:`steptp.runner.timing`, discarded
 after a CUDA error). Work of one kind shares one worker, one call at a time: callers that
 run calls from several threads must use their own kind.
 """

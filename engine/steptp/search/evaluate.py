@@ -142,10 +142,15 @@ class Measure:
                                   timeout_s=self.timeout_s, gpu_check=self.device == "cuda",
                                   device=None if self.device == "cpu" else self.device)
             elif self.at_size:
-                from ..verify import static_check  # noqa: PLC0415
+                from ..backend.errors import BackendError  # noqa: PLC0415
+                from ..runner.pool import shared  # noqa: PLC0415
+                from ..verify import static_check_texts  # noqa: PLC0415
 
-                res = static_check(self.root, module)
-                hit = self.verified[key] = {"equal": bool(res.build), "reason": res.reason, "where": "node"}
+                try:  # in the "check" worker: a time limit and an address-space cap
+                    ok, why = shared("check", self.timeout_s).call(static_check_texts, self.root.text(), module.text())
+                except BackendError as e:  # WorkerFailure: killed at its time limit, or crashed
+                    ok, why = False, f"static check: {e}"
+                hit = self.verified[key] = {"equal": bool(ok), "reason": why, "where": "node"}
                 return hit
             else:
                 from ..runner.pool import shared  # noqa: PLC0415
