@@ -73,7 +73,7 @@ def discover(inputs: Sequence[str | Path], kinds: Sequence[str] = KINDS) -> list
             if not (kind == "leir" and (f.parent, f.stem) in stems)]
 
 
-def load(path: str | Path, *, analyze: bool = True):
+def load(path: str | Path, *, analyze: bool = True, meta: bool = False):
     """``(LeirModule, Translation or None)`` of a program file: a ``.leir`` file parsed
     (and, with ``analyze``, checked by :func:`steptp.leir.analysis.analyze`), or a PyTorch
     ``.py`` translated by :func:`steptp.frontend.translate_file` (not verified against
@@ -84,7 +84,7 @@ def load(path: str | Path, *, analyze: bool = True):
     if p.suffix == ".py":
         from .frontend import translate_file  # noqa: PLC0415
 
-        tr = translate_file(p)
+        tr = translate_file(p, meta=meta)
         return tr.module, tr
     from .leir.fileformat import load_leir  # noqa: PLC0415
 

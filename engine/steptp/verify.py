@@ -103,6 +103,16 @@ MAX_VERIFY_WORK = 1 << 31           # equation instances executed per trial (sum
 #: candidate at full size (issue 44: KernelBench-size programs run milliseconds on a GPU and
 #: minutes in the CPU's poisoned verification form).
 CPU_CHECK_WORK = 1 << 24
+#: ... and the bytes of its buffers above which it is not executed here either (five trials of
+#: inputs, references and outputs: an NLLLoss over a 760 x 333824 input reads 968 MiB).
+CPU_CHECK_BYTES = 1 << 28
+
+
+def too_large_to_run_here(module: LeirModule) -> str:
+    """'' when ``module`` is small enough to execute on this CPU for a GPU search's checks
+    (:func:`cpu_check_work` equation instances per trial, :data:`CPU_CHECK_BYTES` of buffers),
+    else the reason (:func:`resource_problem`)."""
+    return resource_problem(module, max_bytes=CPU_CHECK_BYTES, max_work=cpu_check_work())
 
 
 def cpu_check_work() -> int:
@@ -738,7 +748,8 @@ def clear_reference_cache() -> None:
     _REF_CACHE.clear()
 
 
-__all__ = ["static_check", "static_check_texts", "CPU_CHECK_WORK", "cpu_check_work", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
+__all__ = ["static_check", "static_check_texts", "CPU_CHECK_WORK", "CPU_CHECK_BYTES", "cpu_check_work",
+           "too_large_to_run_here", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "ordered_inputs",
            "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",

@@ -7,6 +7,7 @@ arguments) and ``get_init_inputs()`` (the constructor arguments); optionally a m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import sys
@@ -56,10 +57,12 @@ def cast_inputs(inputs, dtype: torch.dtype | None) -> list[Any]:
     return [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
 
 
-def load_program(path: str | Path, dtype: Any = None, seed: int = 0) -> LoadedProgram:
+def load_program(path: str | Path, dtype: Any = None, seed: int = 0, meta: bool = False) -> LoadedProgram:
     """Import ``path``, build ``Model(*get_init_inputs())`` and ``get_inputs()`` under
     ``torch.manual_seed(seed)`` (so parameter values are reproducible), and cast the model
     and floating inputs to ``dtype`` (argument first, else the file's ``dtype``, else as is).
+    ``meta``: build them on PyTorch's meta device (shapes and dtypes, no data: a GPU-size
+    program's gigabytes are never allocated; the translation needs only shapes).
 
     Raises ``FileNotFoundError`` for a missing file and :class:`TranslationError` when the
     module lacks ``Model``/``get_inputs``/``get_init_inputs`` or fails to import or build."""
@@ -84,8 +87,9 @@ def load_program(path: str | Path, dtype: Any = None, seed: int = 0) -> LoadedPr
     dt = parse_dtype(dtype) if dtype is not None else parse_dtype(getattr(module, "dtype", None))
     try:
         torch.manual_seed(seed)
-        model = module.Model(*module.get_init_inputs())
-        inputs = list(module.get_inputs())
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            model = module.Model(*module.get_init_inputs())
+            inputs = list(module.get_inputs())
     except Exception as e:
         raise TranslationError(f"{p}: building the model or its inputs failed: {type(e).__name__}: {e}") from e
     if dt is not None:

@@ -250,6 +250,9 @@ class _Lowering:
                 value = ph.value
                 if not isinstance(value, torch.Tensor):
                     raise TranslationError(f"no value for {role} {ph.target}", node=ph.node)
+                if value.is_meta:  # traced on the meta device: shapes only, no values to keep
+                    self.param_targets[nm] = ph.target
+                    continue
                 value = value.detach().cpu()
                 if value.dtype == torch.bfloat16:
                     raise TranslationError(f"bfloat16 {role} {ph.target} cannot be held in numpy", node=ph.node)
@@ -356,15 +359,17 @@ def translate_model(model: torch.nn.Module, inputs: Sequence[Any], name: str = "
                        graph=str(traced.graph), param_targets=low.param_targets)
 
 
-def translate_file(path: str | Path, dtype: Any = None, eval_mode: bool = False) -> Translation:
+def translate_file(path: str | Path, dtype: Any = None, eval_mode: bool = False, meta: bool = False) -> Translation:
     """Load a KernelBench-style file (``Model``, ``get_inputs``, ``get_init_inputs``; see
     ``loader.py``) and translate it; ``dtype`` (``"f16"``, ``"f32"``, ``"f64"`` or a
     ``torch.dtype``) casts the model and its floating inputs first. The model keeps the mode
     it is constructed in (training, as KernelBench runs it: batch norm uses batch statistics)
-    unless ``eval_mode`` (running statistics; dropout becomes the identity).
+    unless ``eval_mode`` (running statistics; dropout becomes the identity). ``meta``: traced
+    on PyTorch's meta device (no data: the translation of a GPU-size program without its
+    gigabytes; the Translation's model and inputs then hold no values to run).
 
     Raises ``FileNotFoundError`` or :class:`TranslationError`. Source: paper §3.2 (stage i)."""
-    prog = load_program(path, dtype)
+    prog = load_program(path, dtype, meta=meta)
     if eval_mode:
         prog.model.eval()
     return translate_model(prog.model, prog.inputs, prog.name)

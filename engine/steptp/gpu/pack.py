@@ -195,8 +195,8 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
     from ..runner.builder import build_library  # noqa: PLC0415
     from ..runner.device import device_limits  # noqa: PLC0415
     from ..runner.inputs import digest  # noqa: PLC0415
-    from ..verify import (ORDERED_TRIALS, cpu_check_work, default_runner, index_bounds, reference_data,  # noqa: PLC0415
-                          resource_problem, tensor_specs)
+    from ..verify import (ORDERED_TRIALS, too_large_to_run_here, default_runner, index_bounds, reference_data,  # noqa: PLC0415
+                          tensor_specs)
 
     t0 = time.perf_counter()
     entries = collect(inputs)[: limit or None]
@@ -217,7 +217,7 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
     sources: dict[str, str] = {}
     for n, (okey, (text, seed, source)) in enumerate(originals.items()):
         m = parse_leir(text)
-        if resource_problem(m, max_work=cpu_check_work()) and not store_references:
+        if too_large_to_run_here(m) and not store_references:
             # too large to run here (KernelBench size): the node computes the references from
             # the original's CPU build on its cores, with no digests to compare (issue 44)
             programs[okey] = {

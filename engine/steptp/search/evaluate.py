@@ -12,7 +12,7 @@ program, time the Equal ones.
   on a GPU node later), the Equal candidates of a proposal batch together; a pending answer
   raises :class:`steptp.runner.base.Pending`. With ``pack`` candidates are verified on this
   CPU (with the GPU preflight and CUDA code generation) and again on the node; programs too
-  large to execute here (:data:`steptp.verify.CPU_CHECK_WORK`) only on the node, at full size.
+  large to execute here (:func:`steptp.verify.too_large_to_run_here`) only on the node, at full size.
 * Caches: verification results per canonical program text (kept by the driver across the
   runs of a search that waits for its runner), so a program seen twice costs nothing the
   second time.
@@ -86,10 +86,10 @@ class Measure:
             runner = create("local", device=device, repeat=repeat, warmup=warmup, timer=timer)
         self.runner = runner
         self.local = runner.kind == "local"
-        from ..verify import cpu_check_work, resource_problem  # noqa: PLC0415
+        from ..verify import too_large_to_run_here  # noqa: PLC0415
 
         #: too large to execute on this CPU: only the static checks here, verified on the node
-        self.at_size = not self.local and bool(resource_problem(root, max_work=cpu_check_work()))
+        self.at_size = not self.local and bool(too_large_to_run_here(root))
         why = cuda_problem() if self.local and device == "cuda" else ""
         if why:
             raise TargetUnavailable(f"--device cuda: {why}")
@@ -128,7 +128,7 @@ class Measure:
     def verify(self, module: LeirModule) -> dict:
         """``{"equal", "reason"}`` of ``module`` against the root (3 random + 2 ordered
         trials; cached by canonical text in :attr:`verified`). With a remote runner and a root
-        above :data:`steptp.verify.CPU_CHECK_WORK` (:attr:`at_size`) only the checks that execute nothing
+        too large to run here (:func:`steptp.verify.too_large_to_run_here`, :attr:`at_size`) only the checks that execute nothing
         (:func:`steptp.verify.static_check`: GPU preflight, CUDA code generation), ``"where":
         "node"``: the node verifies it at full size before timing it, and only its verdict
         makes a sample."""

@@ -137,16 +137,16 @@ def collect_programs(inputs: list[str | Path]) -> list[Path]:
     return out
 
 
-def load_program(path: Path):
+def load_program(path: Path, meta: bool = False):
     """``(LeirModule, Translation or None)`` of a ``.leir`` file (parsed and analysed) or a
-    PyTorch ``.py`` file (translated): :func:`steptp.programs.load`. Raises
+    PyTorch ``.py`` file (translated; ``meta``: traced on PyTorch's meta device, no data): :func:`steptp.programs.load`. Raises
     :class:`SearchInputError` with one line naming the file."""
     from ..leir import LeirSyntaxError
     from ..leir.analysis import LeirSemanticError
     from ..programs import load
 
     try:
-        return load(path)
+        return load(path, meta=meta)
     except FileNotFoundError:
         raise SearchInputError(f"{path}: no such file") from None
     except LeirSyntaxError as e:
@@ -307,7 +307,8 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
         root, source = program, "<module>"
     else:
         path = Path(program)
-        root, tr = load_program(path)
+        # measured elsewhere (a GPU node at KernelBench size): the translation needs shapes only
+        root, tr = load_program(path, meta=runner is not None and runner.kind != "local")
         source = str(path)
     from ..faults import inject
 
