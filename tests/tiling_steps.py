@@ -5,39 +5,29 @@ cooperatively, vectorized copies, an unrolled inner loop), as data: each step is
 (:func:`steptp.engine.apply_rule`). Shared by ``tests/test_tiling_sequence.py`` and
 ``tests/test_shared_memory_tiling.py``.
 
-A site filter is a dict: ``nest`` (a path), ``loop`` (a loop position in that nest; negative
-from the innermost) and
-``bindings`` (metavariable -> LEIR text, e.g. ``{"Z": "A"}``: the tensor a tile stages);
-:func:`pick` returns the one site of the rule that matches it (an error if none or several).
+The sequences are the engine's (:func:`steptp.engine.macros.gemm_tiling`,
+:func:`steptp.engine.macros.conv_tiling`: what the search proposes as one multi-step
+proposal). A site filter is a dict: ``nest`` (a path), ``loop`` (a loop position in that
+nest; negative from the innermost) and ``bindings`` (metavariable -> LEIR text, e.g.
+``{"Z": "A"}``: the tensor a tile stages); :func:`pick` returns the one site of the rule
+that matches it (an error if none or several).
 """
 
 from __future__ import annotations
 
-from steptp.engine import apply_rule, find_sites
-from steptp.engine.navigation import get_nest
+from steptp.engine import apply_rule
+from steptp.engine.macros import conv_tiling, site_for
+from steptp.engine.macros import gemm_tiling as engine_gemm_tiling
 from steptp.leir.fileformat import LeirModule
-from steptp.leir.printer import format_program
 from steptp.rules import load_rules
 
 RULES = {r.id: r for r in load_rules()}
 
 
 def pick(rule_id: str, module: LeirModule, spec: dict):
-    """The one site of rule ``rule_id`` in ``module`` that matches the filter ``spec``."""
-    want = dict(spec)
-    binds = want.pop("bindings", {})
-    hits = []
-    for s in find_sites(RULES[rule_id], module):
-        d = s.describe()
-        if "nest" in want and tuple(want["nest"]) != tuple(d.get("nest", ())):
-            continue
-        if "loop" in want and want["loop"] % len(get_nest(module.program, s.nest).loops) != d.get("loop"):
-            continue
-        if any(d["bindings"].get(k) != v for k, v in binds.items()):
-            continue
-        hits.append(s)
-    assert len(hits) == 1, f"{rule_id} {spec}: {len(hits)} matching site(s) in\n{format_program(module.program)}"
-    return hits[0]
+    """The one site of rule ``rule_id`` in ``module`` that matches the filter ``spec``
+    (:func:`steptp.engine.macros.site_for`; ``LookupError`` if none or several)."""
+    return site_for(RULES[rule_id], module, {k: v for k, v in spec.items() if k != "optional"})
 
 
 def run_steps(module: LeirModule, steps, check=None):
@@ -53,33 +43,11 @@ def run_steps(module: LeirModule, steps, check=None):
 
 
 def gemm_tiling(block: int = 16, micro: int = 4, bk: int = 8, w: int = 4) -> list:
-    """The GEMM sequence for ``block`` x ``block`` output tiles per thread block, made of
-    ``(block/micro)^2`` threads of ``micro`` x ``micro`` outputs, K in steps of ``bk``, tiles
-    copied ``w`` elements at a time (``w`` must divide ``block*bk / threads``).
+    """The engine's GEMM tiling sequence (:func:`steptp.engine.macros.gemm_tiling`) of nest 0:
+    ``block`` x ``block`` output tiles per thread block, ``(block/micro)^2`` threads of
+    ``micro`` x ``micro`` outputs, K in steps of ``bk``, tiles copied ``w`` elements at a time.
     ``gemm_tiling(64, 4, 16)`` is the usual 256-thread schedule of a 256x256x256 GEMM."""
-    return [
-        ("thread_block_rebinding", {"nest": [0], "loop": 0}, {"ax": "bx"}),
-        ("loop_split", {"nest": [0], "loop": 0}, {"f": block}),
-        ("loop_split", {"nest": [0], "loop": 2}, {"f": block}),
-        ("loop_split", {"nest": [0], "loop": 4}, {"f": bk}),
-        ("loop_split", {"nest": [0], "loop": 1}, {"f": micro}),
-        ("loop_split", {"nest": [0], "loop": 4}, {"f": micro}),
-        ("loop_reorder", {"nest": [0]}, {"order": [0, 3, 6, 1, 4, 7, 2, 5]}),
-        ("loop_binding", {"nest": [0], "loop": 1}, {"ax": "by"}),
-        # rows of threads on threadIdx.y, columns on threadIdx.x: a warp's 32 lanes read one
-        # row of A's tile (a broadcast) and consecutive columns of C's (no bank conflict), and
-        # write consecutive columns of the output (coalesced)
-        ("loop_binding", {"nest": [0], "loop": 3}, {"ax": "ty"}),
-        ("loop_binding", {"nest": [0], "loop": 4}, {"ax": "tx"}),
-        ("register_tiling", {"nest": [0]}, {"s": "l"}),
-        ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "A"}}, {"w": w}),
-        ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "C"}}, {"w": w}),
-        ("loop_vectorization", {"nest": [0, 0, 0], "loop": -1}, {}),            # float4 tile copies
-        ("loop_vectorization", {"nest": [0, 0, 1], "loop": -1}, {}),
-        ("loop_unrolling", {"nest": [0, 0, 2], "loop": -1}, {}),                # the micro-tile's loops
-        ("loop_unrolling", {"nest": [0, 0, 2], "loop": -2}, {}),
-        ("loop_vectorization", {"nest": [0, 1], "loop": -1}, {}),               # float4 write-back
-    ]
+    return engine_gemm_tiling(0, block, micro, bk, w)
 
 
 #: GEMM ``D[M,N] = A[M,K] @ C[K,N]`` as the translator writes it
@@ -92,18 +60,4 @@ GEMM_TILING = gemm_tiling(16, 4, 8)
 #: writes it (``B^{16}_{tx}L^{16}_{a}L^{16}_{c}L^{16}_{d}L^{3}_{f}L^{3}_{g}``: co, oh, ow, ci,
 #: kh, kw; 16 output channels, 16x8 outputs) to one output channel per block row, 4 output
 #: rows per block column, 4x2 threads of 4 output columns each, ci in steps of 8: loops ``[bx, ao, ko, ai, ct, ki, f, g, cm]``.
-CONV_TILING = [
-    ("thread_block_rebinding", {"nest": [0], "loop": 0}, {"ax": "bx"}),      # output channels to blocks
-    ("loop_split", {"nest": [0], "loop": 1}, {"f": 4}),                       # [bx, ao, ai, c, d, f, g]
-    ("loop_split", {"nest": [0], "loop": 3}, {"f": 4}),                       # [bx, ao, ai, ct, cm, d, f, g]
-    ("loop_split", {"nest": [0], "loop": 5}, {"f": 8}),                       # [bx, ao, ai, ct, cm, ko, ki, f, g]
-    ("loop_reorder", {"nest": [0]}, {"order": [0, 1, 5, 2, 3, 6, 7, 8, 4]}), # [bx, ao, ko, ai, ct, ki, f, g, cm]
-    ("loop_binding", {"nest": [0], "loop": 1}, {"ax": "by"}),
-    ("loop_binding", {"nest": [0], "loop": 3}, {"ax": "tx"}),
-    ("loop_binding", {"nest": [0], "loop": 4}, {"ax": "ty"}),
-    ("register_tiling", {"nest": [0]}, {"s": "l"}),                           # 8 outputs per thread in registers
-    ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "A"}}, {"w": 1}),   # the input window
-    ("shared_memory_tiling", {"nest": [0, 0], "bindings": {"Z": "C"}}, {"w": 1}),   # the filter slice
-    ("loop_unrolling", {"nest": [0, 0, 2], "loop": 4}, {}),                  # kw
-    ("loop_vectorization", {"nest": [0, 1], "loop": 2}, {}),                 # float4 write-back
-]
+CONV_TILING = conv_tiling(0, 4, 4, 8, 1)
