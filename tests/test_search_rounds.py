@@ -301,6 +301,9 @@ def test_at_size_the_node_computes_the_references_and_verifies_every_candidate(t
     sm = json.loads((out / "softmax" / "summary.json").read_text())
     assert sm["samples"] == sum(x["status"] == "equal" for x in recs)
     assert sm["sol_us"] > 0 and sm["flops"] > 0 and sm["gpu_device"].startswith("simulated")
+    agg = json.loads((out / "gpu_summary.json").read_text())  # the run's aggregate over programs
+    assert agg["programs"][0]["program"] == "softmax" and agg["median_speedup"] >= 1.0
+    assert {"geomean_speedup_vs_eager_graph", "median_fraction_of_sol", "ranking"} <= set(agg)
 
 
 def test_the_engine_proposes_a_tiled_gemm_in_one_proposal_and_the_gpu_model_prefers_it():

@@ -31,6 +31,7 @@ efficiency in the report = average speedup / average samples.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -647,10 +648,44 @@ def search_many(inputs: list, outdir: str | Path, cfg: SearchConfig, *, client=N
         info["pending"] = sorted(pending)
         info["waiting"] = waiting
     write_report(out, info)
+    if cfg.runner != "local" and summaries and not pending:
+        _write_atomic(out / "gpu_summary.json", json.dumps(gpu_aggregate(summaries, out), indent=1) + "\n")
     _write_atomic(out / "run_summary.json", json.dumps(info, indent=1) + "\n")
     if run_info is not None:
         run_info.update(info)
     return summaries
+
+
+def _geo(xs) -> float | None:
+    xs = [x for x in xs if isinstance(x, (int, float)) and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def gpu_aggregate(summaries: list[dict], out: Path) -> dict:
+    """``OUT/gpu_summary.json`` of a GPU search (issue 44's evidence): the programs' summaries, the
+    median and geometric mean of the re-timed speedup over the original, the geometric mean of
+    each like-with-like ratio over the programs that have it (``speedup_vs_eager``,
+    ``speedup_vs_eager_graph``, ``speedup_vs_compile``, ``speedup_vs_compile_autotune``, with
+    how many), the median ``fraction_of_sol`` (ours and the baselines'), and how well the cost
+    models ranked what the node measured (:func:`steptp.cost_model.samples.ranking_quality`)."""
+    from ..cost_model.samples import ranking_quality
+
+    agg: dict = {"programs": summaries}
+    sp = [s.get("speedup") for s in summaries if s.get("speedup")]
+    agg["median_speedup"] = statistics.median(sp) if sp else None
+    agg["geomean_speedup"] = _geo(sp)
+    for r in ("speedup_vs_eager", "speedup_vs_eager_graph", "speedup_vs_compile", "speedup_vs_compile_autotune"):
+        xs = [s.get(r) for s in summaries if s.get(r)]
+        agg[f"geomean_{r}"], agg[f"with_{r}"] = _geo(xs), len(xs)
+    for f in ("fraction_of_sol", "fraction_of_sol_original", "fraction_of_sol_eager_graph",
+              "fraction_of_sol_compile"):
+        xs = [s.get(f) for s in summaries if s.get(f) is not None]
+        agg[f"median_{f}"] = statistics.median(xs) if xs else None
+    try:
+        agg["ranking"] = ranking_quality(out)
+    except Exception as e:  # noqa: BLE001 - informative; a missing LightGBM or a damaged tree is said
+        agg["ranking"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    return agg
 
 
 def _advance(todo: list, runner, cfg: SearchConfig, client, rules, workers: int, n_paths: int, outcome) -> None:
