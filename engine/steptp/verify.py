@@ -294,6 +294,21 @@ def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
     return low.text, cuda_text, cuda_src
 
 
+def _diff_and_tensors(res: VerifyResult, original: LeirModule, transformed: LeirModule, require_diff: bool) -> bool:
+    """The first two checks of a verification: Diff (``res.diff``; an unchanged program fails
+    when ``require_diff``) and the same known tensors; False with ``res.reason`` set when one
+    fails."""
+    res.diff = format_program(original.program) != format_program(transformed.program)
+    if not res.diff and require_diff:
+        res.reason = "diff: the transformed program is identical to the original"
+        return False
+    mismatch = _signature_mismatch(original.signature, transformed.signature)
+    if mismatch:
+        res.reason = f"build: {mismatch}"
+        return False
+    return True
+
+
 def static_check(original: LeirModule, transformed: LeirModule, limits: GpuLimits | None = None) -> VerifyResult:
     """The checks of :func:`verify_pair` that execute nothing: Diff, the same known tensors,
     the CPU lowering, the GPU preflight and TVM's CUDA code generation (``build``). ``exec``
@@ -303,13 +318,7 @@ def static_check(original: LeirModule, transformed: LeirModule, limits: GpuLimit
     here. ``limits``: the GPU's (default ``sm_90``). Never raises for a bad program (the
     reason names the stage)."""
     res = VerifyResult()
-    res.diff = format_program(original.program) != format_program(transformed.program)
-    if not res.diff:
-        res.reason = "diff: the transformed program is identical to the original"
-        return res
-    mismatch = _signature_mismatch(original.signature, transformed.signature)
-    if mismatch:
-        res.reason = f"build: {mismatch}"
+    if not _diff_and_tensors(res, original, transformed, True):
         return res
     try:
         _prepare(transformed, True, False, limits or DEFAULT_GPU)
@@ -455,13 +464,7 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
         from .runner.device import device_limits
 
         limits = device_limits(res.device) if res.device == "cuda" else DEFAULT_GPU
-    res.diff = format_program(original.program) != format_program(transformed.program)
-    if not res.diff and require_diff:
-        res.reason = "diff: the transformed program is identical to the original"
-        return res
-    mismatch = _signature_mismatch(original.signature, transformed.signature)
-    if mismatch:
-        res.reason = f"build: {mismatch}"
+    if not _diff_and_tensors(res, original, transformed, require_diff):
         return res
     too_big = resource_problem(original)
     if too_big:

@@ -15,27 +15,12 @@ _CALL_COST = {"exp": 12, "log": 12, "sqrt": 6, "tanh": 14, "erf": 14, "abs": 1, 
               "if_then_else": 1}
 
 
-def _ops(e: A.Expr) -> int:
-    n = 0
-    for x in A.walk(e):
-        if isinstance(x, A.BinOp):
-            n += _OP_COST.get(x.op, 1)
-        elif isinstance(x, A.Call):
-            n += _CALL_COST.get(x.func, 4)
-        elif isinstance(x, (A.Compare, A.BoolOp, A.Not, A.Neg)):
-            n += 1
-    return max(n, 1)
-
-
-def _value_ops(e: A.Expr) -> int:
-    """:func:`_ops` of ``e`` without the arithmetic inside tensor subscripts (the GPU model:
-    a tiled kernel's subscripts are long mixed-radix forms that the compiler folds into
-    address offsets of unrolled loops; an access already costs one instruction there)."""
+def _count(e: A.Expr, subscripts: bool) -> int:
     n = 0
     todo = [e]
     while todo:
         x = todo.pop()
-        if isinstance(x, A.Tensor):
+        if isinstance(x, A.Tensor) and not subscripts:
             continue
         if isinstance(x, A.BinOp):
             n += _OP_COST.get(x.op, 1)
@@ -45,6 +30,18 @@ def _value_ops(e: A.Expr) -> int:
             n += 1
         todo.extend(A.children(x))
     return max(n, 1)
+
+
+def _ops(e: A.Expr) -> int:
+    """The arithmetic of ``e``, tensor subscripts included (module docstring)."""
+    return _count(e, True)
+
+
+def _value_ops(e: A.Expr) -> int:
+    """:func:`_ops` of ``e`` without the arithmetic inside tensor subscripts (the GPU model:
+    a tiled kernel's subscripts are long mixed-radix forms that the compiler folds into
+    address offsets of unrolled loops; an access already costs one instruction there)."""
+    return _count(e, False)
 
 
 def _accesses(eq: A.Assign):
