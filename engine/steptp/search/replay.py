@@ -13,7 +13,8 @@ seed, so it makes the same calls, and each is answered from a cache instead of b
 * the runner's measurements (its own files, e.g. ``OUT/rounds/<k>/results``).
 
 :class:`SearchCache` keeps the first two in ``OUT/<program>/.search/cache.json`` (written
-atomically when a search stops for a pending batch, removed when it ends).
+atomically when a search stops for a pending batch; it stays after the search ends, the record
+of what was proposed and how it was checked; a cache written with other settings is ignored).
 """
 
 from __future__ import annotations
