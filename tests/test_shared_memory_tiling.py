@@ -26,6 +26,7 @@ from steptp.backend.preflight import gpu_problems, loop_hazards
 from steptp.engine import apply_rule, find_sites, list_candidates
 from steptp.frontend.translate import translate_model
 from steptp.leir import parse_leir
+from steptp.runner.pool import close_all
 from steptp.verify import verify_pair
 from tiling_steps import GEMM_TILING, RULES, pick, run_steps
 
@@ -116,6 +117,7 @@ def test_tiled_gemm_runs_equal_on_the_simulated_device(gemm, monkeypatch, tmp_pa
         pytest.fail("the simulated CUDA device needs a CUDA compiler (nvcc or NVRTC)")
     monkeypatch.setenv("STP_CUDA_SIM", "1")
     monkeypatch.setenv("STP_PTX_CACHE", str(tmp_path / "ptx"))
+    close_all()  # workers started by earlier tests in this process lack the simulated device's env
     orig, bound = gemm
     tiled = run_steps(bound, GEMM_TILING[10:])[-1]      # registers, both shared tiles, float4, unrolled
     res = verify_pair(orig, tiled, device="cuda")

@@ -17,6 +17,7 @@ import torch
 from steptp.backend import cuda_source
 from steptp.backend.cuda_runtime import cuda_compiler
 from steptp.frontend.translate import translate_model
+from steptp.runner.pool import close_all
 from steptp.verify import verify_pair
 from tiling_steps import CONV_TILING, GEMM_TILING, run_steps
 
@@ -72,5 +73,6 @@ def test_the_sequence_reaches_the_tiled_form_every_step_equal(case, monkeypatch,
         pytest.fail("the simulated CUDA device needs a CUDA compiler (nvcc or NVRTC)")
     monkeypatch.setenv("STP_CUDA_SIM", "1")
     monkeypatch.setenv("STP_PTX_CACHE", str(tmp_path / "ptx"))
+    close_all()  # workers started by earlier tests in this process lack the simulated device's env
     res = verify_pair(orig, mods[-1], device="cuda")
     assert res.ok and res.equal and res.device == "cuda", res.reason

@@ -407,7 +407,13 @@ class EnginePolicy:
                     props = self._look_ahead(module, props)
                 scores = static_scores(module.program, [p.module.program for p in props], self.target)
                 # highest predicted speedup (lowest estimate) first; the seeded order breaks ties
-                ranked = self._ranked[key] = [props[j] for j in sorted(range(len(props)), key=lambda j: (-scores[j], j))]
+                best = sorted(range(len(props)), key=lambda j: (-scores[j], j))
+                if self.macros:
+                    # multi-step proposals: the best of each distinct set of rules first (variants of
+                    # one sequence that differ in a parameter are mostly one program to a GPU, and
+                    # share a prefix that may not build)
+                    best = _diverse(best, [[st["rule"] for st in _steps_of(props[j])] for j in best], len(best))
+                ranked = self._ranked[key] = [props[j] for j in best]
                 ranked[:] = ranked[self._consumed.pop(key, 0):]
             out, ranked[:] = ranked[:k], ranked[k:]
             return out
