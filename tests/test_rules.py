@@ -183,6 +183,37 @@ def test_invalid_yaml_names_the_position(tmp_path):
     assert str(ei.value).startswith(f"{p}: line ")
 
 
+def test_rules_that_passed_their_checks_are_remembered_and_a_broken_edit_is_still_refused(tmp_path, monkeypatch):
+    from steptp.rules import loader
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("STP_RULE_CHECK_CACHE", str(cache))
+    monkeypatch.setattr(loader, "_CACHE", {})  # the in-process cache by (path, mtime, size)
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    data = _base()
+    p = _write(rules_dir, data)
+    first = load_rule(p)
+    markers = sorted(cache.iterdir())
+    assert len(markers) == 1 and markers[0].stat().st_size == 0
+    loader._CACHE.clear()
+    again = load_rule(p)
+    assert again.key == first.key and sorted(cache.iterdir()) == markers  # remembered, nothing new
+    # the same file edited into a broken rule: checked again and refused, every time, never remembered
+    data["rewrite"][1]["substitute_index"]["?i"] = "?io*?f+?zz"
+    _write(rules_dir, data)
+    for _ in range(2):
+        loader._CACHE.clear()
+        with pytest.raises(RuleError, match=r"unbound metavariable\(s\) \['\?zz'\]"):
+            load_rule(p)
+    assert sorted(cache.iterdir()) == markers
+    monkeypatch.setenv("STP_RULE_CHECK_CACHE", "off")
+    off = tmp_path / "rules2"
+    off.mkdir()
+    load_rule(_write(off, _base()))
+    assert sorted(cache.iterdir()) == markers and loader.rule_check_cache() is None
+
+
 def test_all_schema_problems_are_listed(tmp_path):
     def mutate(d):
         d["category"] = "bogus"

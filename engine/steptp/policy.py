@@ -203,6 +203,12 @@ class EnginePolicy:
     distinct set of rules first, are expanded again, and every program met is a multi-step
     proposal of the steps that reach it, ranked with the rest: issue 37's level expansion, a
     lookahead through the cost model that makes a round of a GPU search reach further).
+    ``check`` (``rank="cost"``): optional ``fn(LeirModule) -> bool`` (the search's verification
+    against its root, cached there): the ranked programs are proposed best first among those
+    that pass it (as the GPU round search of issue 37 verified a level in ranked order until
+    enough passed), and with ``lookahead`` > 1 a level's programs are checked before they are
+    expanded, only the ``expand`` best that pass are (a step that does not verify or build
+    would cut every proposal through it to one prefix).
     ``apply_timeout_s`` (seconds per application), ``list_timeout_s`` (to count a program's
     candidates), ``mem_bytes`` (the worker's address space) and ``isolated`` go to
     :class:`~steptp.engine.service.EngineService`; work over a limit is skipped and counted
@@ -217,7 +223,7 @@ class EnginePolicy:
                  tries: int = 8, target: str = "cpu", rules_dir: str | None = None, apply_timeout_s: float = 30.0,
                  list_timeout_s: float = 120.0, mem_bytes: int = 3 << 30, cache_size: int = 256,
                  isolated: bool = True, skip_binding_only: bool = False, macros: bool = False,
-                 macro_steps: int = 48, lookahead: int = 1, expand: int = 3):
+                 macro_steps: int = 48, lookahead: int = 1, expand: int = 3, check=None):
         from .engine.service import EngineService
 
         if rank not in ("random", "cost"):
@@ -238,9 +244,10 @@ class EnginePolicy:
         self._used: dict[str, set] = {}
         self._calls: dict[str, int] = {}
         self._ranked: dict[str, list] = {}  # rank="cost": applied candidates not yet proposed, cheapest first
-        self._consumed: dict[str, int] = {}  # rank="cost": proposals replayed before the ranking was computed
+        self._proposed: dict[str, set] = {}  # rank="cost": program keys proposed (or replayed) at a program
         self.macros, self.macro_steps = macros, macro_steps
         self.lookahead, self.expand = max(1, lookahead), max(1, expand)
+        self.check = check
         self._macros: dict[str, list] = {}
 
     @property
@@ -302,11 +309,11 @@ class EnginePolicy:
         if self.pick != "candidate":
             return
         if self.rank == "cost":
+            done = self._proposed.setdefault(key, set())
+            done.update(program_key(p.module) for p in proposals if p.module is not None)
             ranked = self._ranked.get(key)
-            if ranked is None:
-                self._consumed[key] = self._consumed.get(key, 0) + len(proposals)
-            else:
-                ranked[:] = ranked[len(proposals):]
+            if ranked is not None:
+                ranked[:] = [p for p in ranked if program_key(p.module) not in done]
             return
         used = self._used.setdefault(key, set())
         used.update(p.info["index"] for p in proposals if isinstance(p.info.get("index"), int))
@@ -336,12 +343,19 @@ class EnginePolicy:
 
         seen = {program_key(p.module) for p in props}
         out, level = list(props), list(props)
+        failed: set[str] = set()  # programs the check refused: not proposed either
         for _ in range(self.lookahead - 1):
             if not level:
                 break
             scores = static_scores(module.program, [p.module.program for p in level], self.target)
             order = sorted(range(len(level)), key=lambda j: (-scores[j], j))
-            picks = _diverse(order, [[st["rule"] for st in _steps_of(level[j])] for j in order], self.expand)
+            order = _diverse(order, [[st["rule"] for st in _steps_of(level[j])] for j in order], len(order))
+            picks = []
+            for j in order:  # the expand best that pass the check (a step that does not build is no prefix)
+                if len(picks) >= self.expand:
+                    break
+                if self.check is None or self._passes(level[j].module, failed):
+                    picks.append(j)
             nxt: list[Proposal] = []
             for j in picks:
                 base = level[j]
@@ -359,7 +373,13 @@ class EnginePolicy:
                                         info={"rule": MACRO, "steps": steps}))
             out += nxt
             level = nxt
-        return out
+        return [p for p in out if program_key(p.module) not in failed]
+
+    def _passes(self, module: LeirModule, failed: set) -> bool:
+        ok = bool(self.check(module))
+        if not ok:
+            failed.add(program_key(module))
+        return ok
 
     def _indexed(self, module: LeirModule, cands: list, i: int) -> Proposal | None:
         p = self._apply(module, *cands[i], self.seed)
@@ -413,9 +433,18 @@ class EnginePolicy:
                     # one sequence that differ in a parameter are mostly one program to a GPU, and
                     # share a prefix that may not build)
                     best = _diverse(best, [[st["rule"] for st in _steps_of(props[j])] for j in best], len(best))
-                ranked = self._ranked[key] = [props[j] for j in best]
-                ranked[:] = ranked[self._consumed.pop(key, 0):]
-            out, ranked[:] = ranked[:k], ranked[k:]
+                done = self._proposed.setdefault(key, set())
+                ranked = self._ranked[key] = []
+                for j in best:  # each program once; those proposed before this ranking (a replay) left out
+                    t = program_key(props[j].module)
+                    if t not in done:
+                        done.add(t)
+                        ranked.append(props[j])
+            out = []
+            while ranked and len(out) < k:
+                p = ranked.pop(0)
+                if self.check is None or self.check(p.module):
+                    out.append(p)
             return out
         out = []
         for i in order:

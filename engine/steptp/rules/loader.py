@@ -185,16 +185,89 @@ def _semantic_checks(rule: Rule, data: dict, source: str, stem: str | None) -> N
         if isinstance(lo, int) and isinstance(hi, int) and hi - lo + 1 > MAX_DOMAIN_VALUES:
             raise RuleError(source, f"params.{pname}.range", f"[{lo}, {hi}] has {hi - lo + 1} values, above the "
                                                             f"limit {MAX_DOMAIN_VALUES}")
+    marker = _check_marker(rule)
+    if marker is not None and marker.exists():
+        return  # this text passed these checks before, with this code
     check_rule(rule, source)
+    if marker is not None:
+        try:  # an empty marker file, written atomically; a cache that cannot be written is no error
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(b"")
+            os.replace(tmp, marker)
+        except OSError:
+            pass
+
+
+def rule_check_cache() -> Path | None:
+    """Where rules that passed :func:`~steptp.rules.checks.check_rule` are remembered:
+    ``$STP_RULE_CHECK_CACHE`` (``off``: nowhere) or ``~/.cache/steptp/rule-checks``. The
+    checks (patterns compiled in egglog, every test's LEIR parsed: about 3 s for the shipped
+    rules) are a function of the rule's text, its CoT template file and the code of
+    :mod:`steptp.rules`, :mod:`steptp.engine` and :mod:`steptp.leir`; a marker named by the
+    hash of all of them skips them in the next process. Only passes are remembered: a broken
+    rule is checked, and refused, every time."""
+    env = os.environ.get("STP_RULE_CHECK_CACHE")
+    if env is not None:
+        return None if env.strip().lower() in ("", "0", "off", "no") else Path(env)
+    return Path.home() / ".cache" / "steptp" / "rule-checks"
+
+
+_CODE_KEY: str | None = None
+
+
+def _code_key() -> str:
+    """A hash of the checking code: the sources of the rule, engine and LEIR packages and the
+    versions of the libraries they call (egglog, lark, jinja2, PyYAML)."""
+    global _CODE_KEY
+    if _CODE_KEY is None:
+        from importlib import metadata
+
+        h = hashlib.sha256()
+        pkg = Path(__file__).resolve().parents[1]
+        for sub in ("rules", "engine", "leir"):
+            for f in sorted((pkg / sub).glob("*")):
+                if f.suffix in (".py", ".lark"):
+                    h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        for dist in ("egglog", "lark", "jinja2", "pyyaml"):
+            try:
+                h.update(f"{dist}={metadata.version(dist)};".encode())
+            except metadata.PackageNotFoundError:
+                h.update(f"{dist}=?;".encode())
+        _CODE_KEY = h.hexdigest()
+    return _CODE_KEY
+
+
+def _check_marker(rule: Rule) -> Path | None:
+    cache = rule_check_cache()
+    if cache is None:
+        return None
+    try:
+        h = hashlib.sha256(_code_key().encode())
+        h.update(json.dumps(rule.raw, sort_keys=True, default=str).encode())
+        if rule.cot.endswith(".j2"):  # the template file the rule names, as the loader finds it
+            from ..engine.cot import _loader_for
+
+            for d in _loader_for(rule).searchpath:
+                f = Path(d) / rule.cot
+                if f.is_file():
+                    h.update(str(f).encode() + f.read_bytes())
+                    break
+            else:
+                return None  # missing: check_rule reports it
+        return cache / h.hexdigest()
+    except OSError:
+        return None
 
 
 #: Largest rule file accepted (characters).
 MAX_RULE_CHARS = 1_000_000
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate mapping keys (YAML 1.2 requires unique
-    keys; PyYAML silently keeps the last one)."""
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """``yaml.SafeLoader`` (libyaml's parser when PyYAML has it: the shipped rules parse in a
+    fifth of the time) that refuses duplicate mapping keys (YAML 1.2 requires unique keys;
+    PyYAML silently keeps the last one)."""
 
     def construct_mapping(self, node, deep=False):
         seen = {}

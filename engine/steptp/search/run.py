@@ -215,19 +215,21 @@ def make_scorer(cfg: SearchConfig, roots=()):
         raise SearchInputError(str(e)) from None
 
 
-def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, scorer=None):
+def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, scorer=None, check=None):
     """The policy ``cfg.policy`` for ``root`` (``client``: the chat client of the LLM policy).
     With ``--rank model`` and one of the paper's seven algorithms the engine policy is wrapped
     in a :class:`~steptp.policy.ScreeningPolicy` (``cfg.screen`` candidates
     screened per node by ``scorer``); ``evolutionary`` screens by itself. On ``cuda`` the
-    engine also proposes its multi-step proposals (:mod:`steptp.engine.macros`)."""
+    engine also proposes its multi-step proposals (:mod:`steptp.engine.macros`). ``check``:
+    ``fn(module) -> bool``, the search's verification, given to the engine policy's lookahead
+    (:class:`~steptp.policy.EnginePolicy`)."""
     from ..policy import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy, ScreeningPolicy
 
     if cfg.policy == "engine":
         static = cfg.rank_kind == "cost" and cfg.algorithm != "evolutionary"
         pol = EnginePolicy(rules, rank="cost" if static else "random", seed=cfg.seed, per_rule=cfg.per_rule,
                            target=cfg.device, skip_binding_only=cfg.device == "cpu", macros=cfg.device == "cuda",
-                           lookahead=cfg.lookahead if static else 1, expand=cfg.expand)
+                           lookahead=cfg.lookahead if static else 1, expand=cfg.expand, check=check)
         if cfg.rank_kind == "model" and cfg.algorithm != "evolutionary" and scorer is not None:
             return ScreeningPolicy(pol, scorer, cfg.screen)
         return pol
@@ -330,7 +332,11 @@ def search_program(program, outdir: str | Path, cfg: SearchConfig, *, client=Non
     except RootFailed as e:
         raise SearchInputError(f"{source}: {e}") from None
     scorer = make_scorer(cfg, [root.text()])
-    policy = CachedPolicy(lambda: make_policy(cfg, root, client, rules, scorer), cache.proposals, root.signature)
+    # on cuda the engine proposes the ranked programs that verify (its multi-step proposals reach
+    # further than one step, and a step that does not build would cut them all to one prefix)
+    check = (lambda m: measure.verify(m)["equal"]) if cfg.device == "cuda" else None
+    policy = CachedPolicy(lambda: make_policy(cfg, root, client, rules, scorer, check=check),
+                          cache.proposals, root.signature)
     bar = tqdm(desc=f"{name} {cfg.algorithm}", unit="sample", disable=not cfg.progress, leave=False)
     deadline = time.monotonic() + cfg.time_limit_s if cfg.time_limit_s else None
     s = Search(root, policy, measure, max_samples=cfg.max_samples, progress=bar, scorer=scorer, deadline=deadline)
