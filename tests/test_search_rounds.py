@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from steptp.cli import app
 from steptp.leir import LeirModule, parse_leir, parse_program
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +32,14 @@ SMALL = {"greedy": ["--breadth", "2"], "beam": ["--per-node", "2", "--beam-k", "
 
 
 def _search(out: Path, *extra: str, program: str = "softmax.py") -> subprocess.CompletedProcess:
-    return subprocess.run([str(STP), "search", str(ROOT / "examples" / program), "-o", str(out), "--device", "cuda",
-                           "--runner", "pack", "-q", *extra], capture_output=True, text=True, timeout=900)
+    """``stp search ... --runner pack`` in this process (the command's own code; a round costs the
+    search, not a second start of PyTorch, TVM and the workers)."""
+    args = ["search", str(ROOT / "examples" / program), "-o", str(out), "--device", "cuda", "--runner", "pack", "-q",
+            *extra]
+    res = CliRunner().invoke(app, args)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return subprocess.CompletedProcess(args, res.exit_code, res.stdout, res.stderr)
 
 
 def _node(out: Path, k: int) -> None:

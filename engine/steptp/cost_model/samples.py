@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from ..leir.fileformat import parse_leir
 
@@ -107,8 +108,20 @@ def learned_model(rows: list[tuple[str, str, float]]):
         return None
     m = CostModel("cuda")
     for root, cand, ls in rows:
-        m.add_row(features_of(parse_leir(root).program, "cuda"), features_of(parse_leir(cand).program, "cuda"), ls)
+        m.add_row(_features(root, features_of), _features(cand, features_of), ls)
     return m.fit()
+
+
+_FEATURES: dict[str, Any] = {}  # LEIR text -> features_of(..., "cuda"): the shipped rows are refitted per program
+
+
+def _features(text: str, features_of):
+    hit = _FEATURES.get(text)
+    if hit is None:
+        if len(_FEATURES) >= 50_000:
+            _FEATURES.clear()
+        hit = _FEATURES[text] = features_of(parse_leir(text).program, "cuda")
+    return hit
 
 
 def _scores(root_text: str, texts: list[str], model) -> list[float]:
