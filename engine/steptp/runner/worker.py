@@ -1,10 +1,11 @@
 """Worker isolation: the one place where work runs in a separate process under a limit.
 
-:class:`IsolatedRunner` runs module-level functions in a ``spawn`` worker process, one call
-at a time, under a time limit. Verification, CUDA runs and CUDA timings all go through it, so
-that a hanging kernel, a crash or a sticky CUDA error costs one call: the worker is killed
-(time limit), found dead (crash) or discarded after a device error (``discard_on_error``),
-and the next call starts a fresh interpreter with a fresh CUDA context.
+:class:`IsolatedRunner` runs module-level functions in a worker process (forked from a fork
+server that imported TVM once, or spawned: :func:`start_method`), one call at a time, under a
+time limit. Verification, CUDA runs and CUDA timings all go through it, so that a hanging
+kernel, a crash or a sticky CUDA error costs one call: the worker is killed (time limit), found
+dead (crash) or discarded after a device error (``discard_on_error``), and the next call starts
+a fresh process with a fresh CUDA context (the fork server never initialises CUDA).
 
 Imports only the standard library and :mod:`steptp.backend.errors` (which imports nothing),
 so it also runs on a GPU node that has only numpy and ``apache-tvm-ffi``
@@ -30,7 +31,13 @@ class WorkerCallError(RuntimeError):
     failure of a program. Raised by :meth:`IsolatedRunner.call`."""
 
 
-def _worker_main(conn) -> None:  # pragma: no cover - runs in the child process
+def _worker_main(conn, env: dict | None = None, cwd: str | None = None) -> None:  # pragma: no cover - child
+    if env is not None:  # the starting process's environment and directory, as a spawned child has them
+        os.environ.clear()
+        os.environ.update(env)
+    if cwd is not None:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
     while True:
         try:
             msg = conn.recv()
@@ -81,6 +88,40 @@ _MAIN_LOCK = threading.RLock()
 
 _ENV_LOCK = threading.Lock()
 
+#: Modules the fork server imports once, so that a worker forked from it starts in tens of
+#: milliseconds instead of importing PyTorch and TVM again (6-7 s of CPU on a 2-core machine).
+#: A module that does not import (a GPU node has only ``apache-tvm-ffi``) is skipped.
+PRELOAD = ("tvm", "steptp.backend.build", "steptp.verify")
+#: What a runtime-only worker's fork server imports (a GPU node's workers, and their emulation
+#: here: they load the pack's ``libtvm_runtime.so``, which must not meet TVM's compiler library).
+RUNTIME_PRELOAD = ("tvm_ffi", "numpy", "steptp.backend.cuda_runtime")
+_CTX = None
+_CTX_PRELOAD: tuple | None = None
+
+
+def start_method() -> str:
+    """How workers start: ``$STP_WORKER_START`` (``forkserver`` or ``spawn``), by default
+    ``forkserver`` where the platform has it (a clean server process that never initialised
+    CUDA or TVM's thread pool forks each worker: tvm-0.27 notes, fork safety), else ``spawn``."""
+    want = os.environ.get("STP_WORKER_START", "").strip().lower()
+    if want in ("spawn", "forkserver"):
+        return want if want in multiprocessing.get_all_start_methods() else "spawn"
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _context(runtime_only: bool = False):
+    """The start context of a worker: one fork server per process (:data:`PRELOAD`, or
+    :data:`RUNTIME_PRELOAD` when the first worker is ``runtime_only``); a worker whose
+    preload differs from the server's is spawned."""
+    global _CTX, _CTX_PRELOAD
+    want = RUNTIME_PRELOAD if runtime_only else PRELOAD
+    if start_method() == "spawn" or (_CTX_PRELOAD is not None and _CTX_PRELOAD != want):
+        return multiprocessing.get_context("spawn")
+    if _CTX is None:
+        _CTX, _CTX_PRELOAD = multiprocessing.get_context("forkserver"), want
+        _CTX.set_forkserver_preload(list(want))
+    return _CTX
+
 
 @contextlib.contextmanager
 def _environment(env: dict[str, str]):
@@ -115,8 +156,11 @@ def signal_name(code: int | None) -> str:
 
 
 class IsolatedRunner:
-    """A worker process (``multiprocessing`` spawn context) that runs one call at a time
-    under a time limit.
+    """A worker process (``multiprocessing`` forkserver or spawn context, :func:`start_method`;
+    it starts with this process's environment and working directory) that runs one call at a
+    time under a time limit. ``runtime_only``: the worker loads TVM's runtime library alone
+    (:mod:`steptp.backend.cuda_runtime`, a GPU node): it never starts with TVM's compiler
+    imported.
 
     ``call(fn, *args, timeout_s=None, discard_on_error=False)`` runs a module-level
     function ``fn`` in the worker and returns its result, re-raises a
@@ -127,28 +171,31 @@ class IsolatedRunner:
     also discarded after an ``ExecError``. A dead, killed or discarded worker is restarted
     lazily on the next call, so one bad kernel costs one call. Arguments that do not pickle
     raise :class:`WorkerCallError` (a caller defect), the worker untouched. Starting a
-    worker costs about 1-2 s (``import tvm``). ``restarts`` counts workers replaced.
+    worker costs tens of milliseconds from the fork server (6-7 s spawned: ``import tvm``). ``restarts`` counts workers replaced.
 
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, timeout_s: float = 60.0, env: dict[str, str] | None = None):
+    def __init__(self, timeout_s: float = 60.0, env: dict[str, str] | None = None, runtime_only: bool = False):
         self.timeout_s = timeout_s
         self.env = dict(env or {})
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = _context(runtime_only)
         self._proc = None
         self._conn = None
         self.restarts = 0
 
     def start(self) -> None:
-        """Start the worker if it is not running (about 1-2 s: a fresh interpreter imports tvm).
+        """Start the worker if it is not running (see the class docstring for the cost).
         ``env`` (e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``: a worker pinned to one GPU) is set in
         this process's environment only while the child starts, so the child and every
         replacement of it inherit it."""
         if self._proc is not None and self._proc.is_alive():
             return
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child,), daemon=True, name="stp-worker")
+        with _ENV_LOCK:
+            env = {**os.environ, **self.env}
+        proc = self._ctx.Process(target=_worker_main, args=(child, env, os.getcwd()), daemon=True,
+                                 name="stp-worker")
         with without_main_module(), _environment(self.env):
             proc.start()
         child.close()
