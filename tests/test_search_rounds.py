@@ -279,6 +279,46 @@ def test_engine_proposals_replayed_from_the_cache_are_not_proposed_again():
     assert replay.inner is not None and got == want  # the 2nd and 3rd call went to the engine
 
 
+def test_a_program_that_fails_the_check_is_neither_proposed_nor_a_prefix_of_the_lookahead():
+    """With the search's check (on cuda: its verification) the engine proposes the ranked programs
+    that pass and expands only a level's programs that pass: a first step the check refuses (as
+    TVM refuses some cross-thread reduction placements) is no prefix of any proposal. A replay
+    from the cache proposes what the straight run proposed."""
+    from steptp.policy import EnginePolicy, program_key
+    from steptp.search.replay import CachedPolicy
+
+    mod = parse_leir((ROOT / "examples" / "softmax.leir").read_text())
+    opts = dict(rank="cost", seed=0, per_rule=2, target="cuda", isolated=False, lookahead=2, expand=2)
+
+    def props(pol, n=12):
+        return pol.propose(mod, [], n)
+
+    plain = props(EnginePolicy(**opts))
+    first = [p.info["steps"][0]["leir"] for p in plain if len(p.info.get("steps") or []) > 1]
+    assert first  # the lookahead reached a second step
+    refused = {program_key(LeirModule(mod.signature, parse_program(first[0])))}
+    seen: list[str] = []
+
+    def check(m):
+        seen.append(program_key(m))
+        return program_key(m) not in refused
+
+    got = props(EnginePolicy(**opts, check=check))
+    assert got and refused & set(seen)
+    for p in got:
+        assert program_key(p.module) not in refused
+        for st in p.info.get("steps") or []:  # no proposal goes through the refused program
+            assert program_key(LeirModule(mod.signature, parse_program(st["leir"]))) not in refused
+    assert any(program_key(LeirModule(mod.signature, parse_program(st["leir"]))) in refused
+               for p in plain for st in (p.info.get("steps") or [])[:1])  # without the check, some did
+    straight = EnginePolicy(**opts, check=check)
+    want = [[p.module.text() for p in straight.propose(mod, [], 2)] for _ in range(3)]
+    calls: list = []
+    CachedPolicy(lambda: EnginePolicy(**opts, check=check), calls, mod.signature).propose(mod, [], 2)
+    replay = CachedPolicy(lambda: EnginePolicy(**opts, check=check), calls, mod.signature)
+    assert [[p.module.text() for p in replay.propose(mod, [], 2)] for _ in range(3)] == want
+
+
 def test_at_size_the_node_computes_the_references_and_verifies_every_candidate(tmp_path):
     """A program above the CPU check budget (here lowered to 100 equation instances per trial
     with $STP_CPU_CHECK_WORK, the same path a KernelBench-size program takes): its candidates

@@ -318,7 +318,7 @@ class EngineService:
         from ..runner.pool import shared
 
         if self._runner is None:
-            self._runner = shared("engine")
+            self._runner = shared("engine", preload=None)  # egglog only: spawned, without TVM
         if self._runner.pid is None:  # a fresh worker imports the engine first, outside the call's limit
             try:
                 self._runner.call(ready, timeout_s=120.0)

@@ -175,7 +175,7 @@ class _Run:
 
         from .node import prepare_references  # noqa: PLC0415
 
-        runner = shared(f"gpu-ref:{threading.current_thread().name}", self.per_call_s, runtime_only=True)
+        runner = shared(f"gpu-ref:{threading.current_thread().name}", self.per_call_s, preload="runtime")
         try:
             while True:
                 try:
@@ -203,7 +203,7 @@ class _Run:
         ``visible`` when given)."""
         # this thread's worker, pinned to GPU ``visible`` (it and every replacement of it)
         runner = shared(f"gpu-run:{threading.current_thread().name}", self.per_call_s,
-                        env={"CUDA_VISIBLE_DEVICES": visible} if visible is not None else None, runtime_only=True)
+                        env={"CUDA_VISIBLE_DEVICES": visible} if visible is not None else None, preload="runtime")
         try:
             while True:
                 item = self.work.get()

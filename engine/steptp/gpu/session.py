@@ -106,7 +106,7 @@ def measure_baselines(pack: str, results: str | Path, manifest: dict, *, device_
     kept). Options: :func:`steptp.gpu.baselines.run_baselines`."""
     results = Path(results)
     progs = {k: v for k, v in manifest["programs"].items() if programs is None or k in programs}
-    runner = shared("gpu-baselines", eager_cap_s, runtime_only=True)
+    runner = shared("gpu-baselines", eager_cap_s, preload="runtime")
     try:
         out = run_baselines(pack, _refdir(results), progs, choose_best(results, manifest), device_name=device_name,
                             rounds=rounds, min_ms=min_ms, eager_cap_s=eager_cap_s, compile_cap_s=compile_cap_s,

@@ -32,20 +32,21 @@ _LOCK = threading.Lock()
 
 
 def shared(kind: str = "verify", timeout_s: float | None = None, env: dict[str, str] | None = None,
-           runtime_only: bool = False) -> IsolatedRunner:
+           preload: str | None = "compiler") -> IsolatedRunner:
     """The process-wide worker of ``kind`` (any name; see the module docstring for those in
     use), created on first use. ``timeout_s``: seconds, the default time limit of its calls
     from now on (a call's own ``timeout_s`` wins); None leaves it (60 s for a new worker).
     ``env``: environment variables its process (and every replacement) starts with, fixed
     when the worker is created (``{"CUDA_VISIBLE_DEVICES": "1"}`` pins it to one GPU);
-    ``runtime_only``: a worker that loads TVM's runtime library alone (a GPU node's,
-    :class:`~steptp.runner.worker.IsolatedRunner`), fixed when it is created.
+    ``preload``: what the worker starts with imported (``"compiler"``, ``"runtime"`` for a GPU
+    node's worker, None: spawned bare; :class:`~steptp.runner.worker.IsolatedRunner`), fixed
+    when it is created.
     Never starts the process itself: the first ``call`` does (about 1-2 s)."""
     with _LOCK:
         w = _WORKERS.get(kind)
         if w is None:
             w = _WORKERS[kind] = IsolatedRunner(timeout_s=60.0 if timeout_s is None else timeout_s, env=env,
-                                                runtime_only=runtime_only)
+                                                preload=preload)
             if len(_WORKERS) == 1:
                 atexit.register(close_all)
         elif timeout_s is not None:

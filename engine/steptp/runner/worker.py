@@ -109,13 +109,16 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _context(runtime_only: bool = False):
-    """The start context of a worker: one fork server per process (:data:`PRELOAD`, or
-    :data:`RUNTIME_PRELOAD` when the first worker is ``runtime_only``); a worker whose
-    preload differs from the server's is spawned."""
+def _context(preload: str | None = "compiler"):
+    """The start context of a worker: one fork server per process (``preload="compiler"``:
+    :data:`PRELOAD`; ``"runtime"``: :data:`RUNTIME_PRELOAD`, fixed by its first worker); a
+    worker whose preload differs from the server's, or ``preload=None`` (a worker that needs
+    neither, e.g. the engine's: spawning it costs less than waiting for TVM), is spawned."""
     global _CTX, _CTX_PRELOAD
-    want = RUNTIME_PRELOAD if runtime_only else PRELOAD
-    if start_method() == "spawn" or (_CTX_PRELOAD is not None and _CTX_PRELOAD != want):
+    if preload not in ("compiler", "runtime", None):
+        raise ValueError(f"preload must be 'compiler', 'runtime' or None, not {preload!r}")
+    want = RUNTIME_PRELOAD if preload == "runtime" else PRELOAD
+    if preload is None or start_method() == "spawn" or (_CTX_PRELOAD is not None and _CTX_PRELOAD != want):
         return multiprocessing.get_context("spawn")
     if _CTX is None:
         _CTX, _CTX_PRELOAD = multiprocessing.get_context("forkserver"), want
@@ -158,9 +161,10 @@ def signal_name(code: int | None) -> str:
 class IsolatedRunner:
     """A worker process (``multiprocessing`` forkserver or spawn context, :func:`start_method`;
     it starts with this process's environment and working directory) that runs one call at a
-    time under a time limit. ``runtime_only``: the worker loads TVM's runtime library alone
-    (:mod:`steptp.backend.cuda_runtime`, a GPU node): it never starts with TVM's compiler
-    imported.
+    time under a time limit. ``preload``: what its fork server has imported (``"compiler"``:
+    TVM; ``"runtime"``: a worker that loads TVM's runtime library alone, a GPU node's, never
+    starts with TVM's compiler imported; None: spawned, nothing imported; :func:`_context`).
+    Raises ``ValueError`` for another ``preload``.
 
     ``call(fn, *args, timeout_s=None, discard_on_error=False)`` runs a module-level
     function ``fn`` in the worker and returns its result, re-raises a
@@ -176,10 +180,10 @@ class IsolatedRunner:
     Use as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, timeout_s: float = 60.0, env: dict[str, str] | None = None, runtime_only: bool = False):
+    def __init__(self, timeout_s: float = 60.0, env: dict[str, str] | None = None, preload: str | None = "compiler"):
         self.timeout_s = timeout_s
         self.env = dict(env or {})
-        self._ctx = _context(runtime_only)
+        self._ctx = _context(preload)
         self._proc = None
         self._conn = None
         self.restarts = 0
