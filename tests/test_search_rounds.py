@@ -319,17 +319,16 @@ def test_a_program_that_fails_the_check_is_neither_proposed_nor_a_prefix_of_the_
     assert [[p.module.text() for p in replay.propose(mod, [], 2)] for _ in range(3)] == want
 
 
-def test_at_size_the_node_computes_the_references_and_verifies_every_candidate(tmp_path):
+def test_at_size_the_node_computes_the_references_and_verifies_every_candidate(tmp_path, monkeypatch):
     """A program above the CPU check budget (here lowered to 100 equation instances per trial
     with $STP_CPU_CHECK_WORK, the same path a KernelBench-size program takes): its candidates
     get only the checks that execute nothing on this CPU, the pack carries no reference digests
     ("references": "node"), the node computes the original's references from its CPU build and
     verifies every candidate at full size; only those verdicts make samples."""
     out = tmp_path / "s"
-    env = {**os.environ, "STP_CPU_CHECK_WORK": "100"}
-    cmd = [str(STP), "search", str(ROOT / "examples" / "softmax.leir"), "-o", str(out), "--device", "cuda",
-           "--runner", "pack", "-n", "1", "--breadth", "3", "--candidates-per-rule", "2", "-q"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    monkeypatch.setenv("STP_CPU_CHECK_WORK", "100")
+    cmd = ("-n", "1", "--breadth", "3", "--candidates-per-rule", "2")
+    r = _search(out, *cmd, program="softmax.leir")
     assert r.returncode == 3, r.stdout + r.stderr
     cache = json.loads((out / "softmax" / ".search" / "cache.json").read_text())
     assert cache["verified"] and all(v["where"] == "node" for v in cache["verified"].values())
@@ -340,11 +339,11 @@ def test_at_size_the_node_computes_the_references_and_verifies_every_candidate(t
     recs = [json.loads(x) for x in (out / "rounds" / "0" / "results" / "results.jsonl").read_text().splitlines()]
     assert recs and all(x["original"]["equal"] and x["transformed"]["trials"] == 5 for x in recs
                         if x["status"] == "equal")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    r = _search(out, *cmd, program="softmax.leir")
     while r.returncode == 3:  # the best's re-time
         k = max(int(p.name) for p in (out / "rounds").iterdir() if p.name.isdigit())
         _node(out, k)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+        r = _search(out, *cmd, program="softmax.leir")
     assert r.returncode == 0, r.stdout + r.stderr
     sm = json.loads((out / "softmax" / "summary.json").read_text())
     assert sm["samples"] == sum(x["status"] == "equal" for x in recs)
