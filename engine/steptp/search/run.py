@@ -221,8 +221,8 @@ def make_policy(cfg: SearchConfig, root: LeirModule, client=None, rules=None, sc
     in a :class:`~steptp.policy.ScreeningPolicy` (``cfg.screen`` candidates
     screened per node by ``scorer``); ``evolutionary`` screens by itself. On ``cuda`` the
     engine also proposes its multi-step proposals (:mod:`steptp.engine.macros`). ``check``:
-    ``fn(module) -> bool``, the search's verification, given to the engine policy's lookahead
-    (:class:`~steptp.policy.EnginePolicy`)."""
+    ``fn(module) -> bool``, the search's verification: the engine policy proposes (and its
+    lookahead expands) only programs that pass it (:class:`~steptp.policy.EnginePolicy`)."""
     from ..policy import EnginePolicy, LLMPolicy, ReplayError, ReplayPolicy, ScreeningPolicy
 
     if cfg.policy == "engine":
