@@ -37,7 +37,7 @@ demo: install
 	@echo "demo dataset written to $(OUT)/ (summary: $(OUT)/report.md)"
 
 test: install
-	$(PY) -m pytest -q -n 2 --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site

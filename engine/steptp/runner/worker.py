@@ -118,12 +118,13 @@ def _context(preload: str | None = "compiler"):
     if preload not in ("compiler", "runtime", None):
         raise ValueError(f"preload must be 'compiler', 'runtime' or None, not {preload!r}")
     want = RUNTIME_PRELOAD if preload == "runtime" else PRELOAD
-    if preload is None or start_method() == "spawn" or (_CTX_PRELOAD is not None and _CTX_PRELOAD != want):
-        return multiprocessing.get_context("spawn")
-    if _CTX is None:
-        _CTX, _CTX_PRELOAD = multiprocessing.get_context("forkserver"), want
-        _CTX.set_forkserver_preload(list(want))
-    return _CTX
+    with _ENV_LOCK:  # threads creating workers at once (a GPU node's) agree on one server
+        if preload is None or start_method() == "spawn" or (_CTX_PRELOAD is not None and _CTX_PRELOAD != want):
+            return multiprocessing.get_context("spawn")
+        if _CTX is None:
+            _CTX, _CTX_PRELOAD = multiprocessing.get_context("forkserver"), want
+            _CTX.set_forkserver_preload(list(want))
+        return _CTX
 
 
 @contextlib.contextmanager
@@ -175,7 +176,8 @@ class IsolatedRunner:
     also discarded after an ``ExecError``. A dead, killed or discarded worker is restarted
     lazily on the next call, so one bad kernel costs one call. Arguments that do not pickle
     raise :class:`WorkerCallError` (a caller defect), the worker untouched. Starting a
-    worker costs tens of milliseconds from the fork server (6-7 s spawned: ``import tvm``). ``restarts`` counts workers replaced.
+    worker costs tens of milliseconds from the fork server (6-7 s spawned: ``import tvm``).
+    ``restarts`` counts workers replaced.
 
     Use as a context manager, or call :meth:`close`.
     """
@@ -190,9 +192,9 @@ class IsolatedRunner:
 
     def start(self) -> None:
         """Start the worker if it is not running (see the class docstring for the cost).
-        ``env`` (e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``: a worker pinned to one GPU) is set in
-        this process's environment only while the child starts, so the child and every
-        replacement of it inherit it."""
+        ``env`` (e.g. ``{"CUDA_VISIBLE_DEVICES": "1"}``: a worker pinned to one GPU) is given
+        to the child over this process's environment (and set here while a spawned child
+        starts), so the child and every replacement of it have it."""
         if self._proc is not None and self._proc.is_alive():
             return
         parent, child = self._ctx.Pipe(duplex=True)
