@@ -6,7 +6,10 @@
   (:func:`random_inputs`) and passes only if every output of every trial matches
   (:func:`compare`, per-dtype :data:`TOLERANCES`). :func:`verify_pair` adds two ordered
   trials (:func:`ordered_inputs`: inputs increasing, then decreasing, along every axis), so
-  that a step dropping one element of a max/min reduction fails for every seed.
+  that a step dropping one element of a max/min reduction fails for every seed, and four
+  edge-case trials (:func:`edge_inputs`: exact zeros, scattered exact zeros, all negative,
+  large magnitudes), so that a step giving inf/NaN where its original is finite fails
+  (design.md §8: what Equal promises).
 * The outcome is a :class:`VerifyResult` with the paper's progressive metrics: **Diff** (the
   canonical LEIR text changed), **Build** (lowering, LLVM build and, by default, the GPU
   preflight and TVM CUDA code generation; optionally nvcc), **Exec** (the CPU kernel ran on
@@ -41,7 +44,7 @@ import math
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -52,7 +55,9 @@ from .backend.preflight import preflight
 from .backend.tvmscript import lower_module, tvm_dtype
 from .runner.device import DEVICES
 from .runner.worker import IsolatedRunner
-from .runner.program_inputs import ORDERED_TRIALS, index_bounds, ordered_inputs, random_inputs, tensor_specs
+from .runner.inputs import EDGE_TRIALS, LARGE_SCALES
+from .runner.program_inputs import (ORDERED_TRIALS, edge_inputs, index_bounds, ordered_inputs, random_inputs,
+                                   tensor_specs)
 from .leir.analysis import analyze, LeirSemanticError
 from .leir.fileformat import LeirModule, Signature, parse_leir
 from .leir.parser import LeirSyntaxError
@@ -349,7 +354,7 @@ def static_check_texts(original_text: str, transformed_text: str, mem_bytes: int
     return bool(res.build), res.reason
 
 
-_REF_CACHE: "OrderedDict[tuple, tuple[list[dict], list[dict], list[dict] | None]]" = OrderedDict()
+_REF_CACHE: "OrderedDict[tuple, References]" = OrderedDict()
 _REF_CACHE_SIZE = 4  # originals; the dataset verifies many candidates of one original in a row
 
 
@@ -358,9 +363,9 @@ def _stage_word(e: BackendError) -> str:
 
 
 def _compare_all(res: VerifyResult, refs: list[Mapping], outs: list[Mapping], sig: Signature,
-                 slacks: list[Mapping] | None = None) -> None:
+                 slacks: list[Mapping] | None = None, labels: list[str] | None = None) -> None:
     first_bad, res.max_abs_err, res.max_rel_err = compare_trials(refs, outs, [(t.name, t.dtype) for t in sig.outputs],
-                                                                 slacks)
+                                                                 slacks, labels)
     res.trials = min(len(refs), len(outs))
     res.equal = not first_bad
     res.reason = f"equal: {first_bad}" if first_bad else ""
@@ -420,8 +425,13 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
                 gpu_check: bool = True, nvcc: bool = False, require_diff: bool = True,
                 input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
                 limits: GpuLimits | None = None, artifacts: dict | None = None,
-                device: str | None = None, ordered: bool = True, rounding: bool = True) -> VerifyResult:
+                device: str | None = None, ordered: bool = True, rounding: bool = True,
+                edge: bool = True) -> VerifyResult:
     """Verify that ``transformed`` computes what ``original`` computes (one strategy step).
+
+    Equal means (design.md §8): for every input on which the original's outputs are finite,
+    the transformed program's outputs are finite and within the dtype's tolerance; where the
+    original gives inf/NaN, the transformed program gives the same.
 
     * Diff: canonical program texts differ; with ``require_diff`` (default) an unchanged
       program stops here (diff False, nothing built).
@@ -432,7 +442,10 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     * Exec/Equal: ``trials`` seeded trials (inputs from ``input_fn(seed, trial)`` or
       :func:`random_inputs` over the original program), then, with ``ordered`` (default)
       and no ``input_fn``, the two :func:`ordered_inputs` trials (increasing, decreasing
-      along every axis: every reduction element matters); the original's outputs are the
+      along every axis: every reduction element matters), then, with ``edge`` (default) and
+      no ``input_fn``, the edge-case trials (:data:`~steptp.runner.inputs.EDGE_TRIALS`:
+      exact zeros, scattered exact zeros, all negative, large magnitudes; a candidate with
+      inf/NaN where the original is finite fails there); the original's outputs are the
       reference (cached per original text, seed and trials when ``input_fn`` is None).
       With ``rounding`` (default) each floating point output below f64 may also differ by
       the original's own rounding error on it (:func:`rounding_slack`: the original run in
@@ -477,55 +490,108 @@ def verify_pair(original: LeirModule, transformed: LeirModule, trials: int = 3, 
     run = _runner_for(isolated, runner)
 
     ref = reference_data(original, trials, seed, ordered=ordered, rounding=rounding, input_fn=input_fn, runner=run,
-                         timeout_s=timeout_s)
+                         timeout_s=timeout_s, edge=edge)
     if isinstance(ref, str):
         res.reason = ref
         return res
-    inputs, refs, slacks = ref
 
-    return _check_candidate(res, transformed, inputs, refs, run, timeout_s, gpu_check, nvcc, limits, artifacts,
-                            res.device, slacks)
+    return _check_candidate(res, transformed, ref.inputs, ref.refs, run, timeout_s, gpu_check, nvcc, limits, artifacts,
+                            res.device, ref.slacks, labels=ref.labels)
+
+
+class References(NamedTuple):
+    """What a candidate of an original is compared with (:func:`reference_data`).
+
+    * ``inputs``: one ``{name: array}`` per trial (random, then ordered, then edge-case);
+    * ``refs``: the original's outputs on them (CPU verification form, outputs poisoned);
+    * ``slacks``: per trial ``{output: allowance}`` (:func:`rounding_slack`) or None;
+    * ``edge``: ``[(kind, scale)]`` of the edge-case trials at the end of ``inputs``
+      (:data:`~steptp.runner.inputs.EDGE_TRIALS`; the ``large`` trial's scale is the one
+      chosen for this original), so a GPU node regenerates the same inputs;
+    * ``labels``: a name per trial (``random``, ``ordered``, ``zeros``...) for messages."""
+
+    inputs: list
+    refs: list
+    slacks: list | None
+    edge: list
+    labels: list
+
+
+def _finite_outputs(out: Mapping, sig: Signature) -> bool:
+    """True when every floating point output in ``out`` is finite everywhere."""
+    for t in sig.outputs:
+        if t.name in out and t.dtype in ("f16", "bf16", "f32", "f64"):
+            with np.errstate(invalid="ignore"):
+                if not np.isfinite(np.asarray(out[t.name], dtype=np.float64)).all():
+                    return False
+    return True
 
 
 def reference_data(original: LeirModule, trials: int = 3, seed: int = 0, *, ordered: bool = True,
                    rounding: bool = True, input_fn: Callable[[int, int], Mapping[str, np.ndarray]] | None = None,
-                   runner: IsolatedRunner | None = None, timeout_s: float = 60.0):
-    """What a candidate of ``original`` is compared with: ``(inputs, refs, slacks)``, one
-    item per trial (``trials`` seeded random input sets, then with ``ordered`` and no
-    ``input_fn`` the :data:`ORDERED_TRIALS` sets), the original's CPU outputs on them
-    (verification form, outputs poisoned) and, with ``rounding``, the allowance per
-    floating point output (:func:`rounding_slack`; None when nothing to promote). Cached
-    per (original text, seed, trials, ordered, rounding) when ``input_fn`` is None. Returns
-    a reason string starting ``original program failed`` instead when the original does not
-    build, run or write every output. Used by :func:`verify_pair` and by ``stp gpu pack``
-    (which stores refs and slacks so a GPU node compares with the same rule)."""
+                   runner: IsolatedRunner | None = None, timeout_s: float = 60.0, edge: bool = True):
+    """What a candidate of ``original`` is compared with: a :class:`References`
+    ``(inputs, refs, slacks, edge, labels)``, one item per trial: ``trials`` seeded random
+    input sets, then with ``ordered`` and no ``input_fn`` the :data:`ORDERED_TRIALS` sets,
+    then with ``edge`` and no ``input_fn`` one set per edge-case kind
+    (:data:`~steptp.runner.inputs.EDGE_TRIALS`: exact zeros, scattered exact zeros, all
+    negative, large magnitudes; design.md §8). The ``large`` trial uses the first scale of
+    :data:`~steptp.runner.inputs.LARGE_SCALES` at which the original's outputs are all finite
+    (else the last: a candidate must then reproduce the original's inf/NaN). ``refs`` are
+    the original's CPU outputs (verification form, outputs poisoned) and, with ``rounding``,
+    ``slacks`` the allowance per floating point output (:func:`rounding_slack`; None when
+    nothing to promote). Cached per (original text, seed, trials, ordered, rounding, edge)
+    when ``input_fn`` is None. Returns a reason string starting ``original program failed``
+    instead when the original does not build, run or write every output. Used by
+    :func:`verify_pair` and by ``stp gpu pack`` (which stores digests, slacks and the edge
+    plan so a GPU node compares with the same rule)."""
     sig = original.signature
-    key = (original.text(), int(seed), int(trials), bool(ordered), bool(rounding)) if input_fn is None else None
+    edge = bool(edge and input_fn is None)
+    key = (original.text(), int(seed), int(trials), bool(ordered), bool(rounding), edge) if input_fn is None else None
     cached = _REF_CACHE.get(key) if key is not None else None
     if cached is not None:
         _REF_CACHE.move_to_end(key)
         return cached
+    progs = [original.program]
     if input_fn is None:
-        inputs = [random_inputs(sig, seed, k, [original.program]) for k in range(trials)]
+        inputs = [random_inputs(sig, seed, k, progs) for k in range(trials)]
+        labels = ["random"] * trials
         if ordered:
-            inputs += [ordered_inputs(sig, seed, d, [original.program]) for d in ORDERED_TRIALS]
+            inputs += [ordered_inputs(sig, seed, d, progs) for d in ORDERED_TRIALS]
+            labels += ["ordered increasing" if d > 0 else "ordered decreasing" for d in ORDERED_TRIALS]
     else:
         inputs = [dict(input_fn(seed, k)) for k in range(trials)]
+        labels = ["given"] * trials
+    plan: list = []
+    larges: list = []
+    if edge:
+        plan = [(k, 1.0) for k in EDGE_TRIALS if k != "large"]
+        inputs += [edge_inputs(sig, seed, k, s, progs) for k, s in plan]
+        labels += [k.replace("_", " ") for k, _ in plan]
+        larges = [edge_inputs(sig, seed, "large", s, progs) for s in LARGE_SCALES]
     try:
         text, _, _ = _prepare(original, False, False, DEFAULT_GPU)
-        refs, _ = _execute(runner, timeout_s, text, sig, inputs, None)
+        refs, _ = _execute(runner, timeout_s, text, sig, inputs + larges, None)
     except BackendError as e:
         return f"original program failed ({_stage_word(e)}): {e.reason}"
+    if larges:
+        tried, refs = refs[len(inputs):], refs[: len(inputs)]
+        pick = next((i for i, r in enumerate(tried) if _finite_outputs(r, sig)), len(tried) - 1)
+        inputs.append(larges[pick])
+        refs.append(tried[pick])
+        plan.append(("large", LARGE_SCALES[pick]))
+        labels.append(f"large x{LARGE_SCALES[pick]:g}")
     for k, ref in enumerate(refs):
         bad = poisoned_elements(ref, sig)
         if bad:
             return f"original program failed (exec): trial {k}: {bad}"
     slacks = _rounding_slacks(original, inputs, refs, runner, timeout_s) if rounding else None
+    out = References(inputs, refs, slacks, plan, labels)
     if key is not None:
-        _REF_CACHE[key] = (inputs, refs, slacks)
+        _REF_CACHE[key] = out
         while len(_REF_CACHE) > _REF_CACHE_SIZE:
             _REF_CACHE.popitem(last=False)
-    return inputs, refs, slacks
+    return out
 
 
 def promoted(module: LeirModule) -> LeirModule | None:
@@ -578,7 +644,8 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
                      run: IsolatedRunner | None, timeout_s: float, gpu_check: bool, nvcc: bool,
                      limits: GpuLimits, artifacts: dict | None = None, device: str = "cpu",
                      slacks: list[Mapping] | None = None,
-                     truth_fn: Callable[[], list[Mapping]] | None = None) -> VerifyResult:
+                     truth_fn: Callable[[], list[Mapping]] | None = None,
+                     labels: list[str] | None = None) -> VerifyResult:
     too_big = resource_problem(module)
     if too_big:
         res.reason = f"build: {too_big}"
@@ -609,7 +676,7 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
             res.reason = f"exec: trial {k}: {bad}"
             return res
     res.exec = True
-    _compare_all(res, refs, outs, module.signature, slacks)
+    _compare_all(res, refs, outs, module.signature, slacks, labels)
     if not res.equal and truth_fn is not None and not slacks:
         try:
             truths = truth_fn()
@@ -755,5 +822,5 @@ __all__ = ["static_check", "static_check_texts", "CPU_CHECK_WORK", "CPU_CHECK_BY
            "too_large_to_run_here", "poisoned_elements", "poison_outputs", "resource_problem", "MAX_VERIFY_BYTES", "MAX_VERIFY_WORK",
            "TOLERANCES", "dtype_code", "compare", "index_bounds", "random_inputs", "VerifyResult", "verify_pair",
            "verify_against", "default_runner", "clear_reference_cache", "verify_device", "ordered_inputs",
-           "ORDERED_TRIALS", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",
+           "ORDERED_TRIALS", "EDGE_TRIALS", "References", "edge_inputs", "promoted", "rounding_slack", "reference_data", "tensor_specs", "f64_arbiter",
            "ARBITER_FACTOR", "ArbiterResult", "confirm_failure"]

@@ -29,6 +29,12 @@ up to :data:`FOLLOW_UP_TRIES` distinct verified outputs of those strategies (see
 ``(seed, program key, "follow-up", rule id)``). Their entries are derived entries whose
 ``derived_from`` also says ``"follow_up": true``. Without ``follows`` in any rule, or with
 every such rule already verified, the output is exactly that without follow-ups.
+
+One step, one label (:mod:`steptp.dataset.labels`, issue 50): a candidate of a derived
+original that is alpha-equivalent to the program it was derived from is not verified
+(attempt outcome ``reverts_parent``); and of the entries of one program (all rounds) with the
+same alpha-normal (source, target) pair only the one of highest label precedence is kept,
+naming the others in ``also_strategies`` (attempt outcome ``duplicate_label`` for each other).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from ..leir.fileformat import LeirModule
 from ..leir.printer import format_program
 from ..faults import INTERNAL_ERROR, is_internal_error  # noqa: F401  (re-exported for the dataset modules)
 from ..programs import Source, load
+from .labels import module_key, one_label_per_step
 
 
 @dataclass
@@ -219,7 +226,8 @@ def _infrastructure(rule_id: str, res) -> dict:
 class _RuleRun:
     """The candidate search of one rule on one program (see :func:`process`)."""
 
-    def __init__(self, rule, module: LeirModule, src: Source, opts: Options, key: str | None = None):
+    def __init__(self, rule, module: LeirModule, src: Source, opts: Options, key: str | None = None,
+                 parent_key: str | None = None):
         from ..engine import NoMatch, list_candidates
         from ..engine.service import bounded
         from ..seeds import seeded_rng
@@ -244,6 +252,8 @@ class _RuleRun:
         self.tries = self.repeats = 0
         self.seen_after: set[str] = set()
         self.symbolic: dict[str, str | None] = {}  # transformed LEIR -> symbolic verdict (math rules)
+        # a derived original's parent (labels.program_key): a step back to it is no step
+        self.parent_key = parent_key
 
     def advance(self, defer_nvcc: bool) -> bool:
         """Verify further candidates until enough are kept or pending; False if none was tried."""
@@ -270,6 +280,11 @@ class _RuleRun:
                 self.repeats += 1
                 continue
             self.seen_after.add(after_text)
+            if self.parent_key is not None and _reverts(step.after, self.parent_key):
+                self.repeats += 1
+                self.attempts.append({"rule": rule.id, "outcome": "reverts_parent",
+                                      "reason": "the step gives back the program this derived original was made from"})
+                continue
             self.tries += 1
             progressed = True
             art: dict = {}
@@ -405,7 +420,8 @@ class _Program:
     (``derived``) one derived original of a later round (see the module docstring)."""
 
     def __init__(self, src: Source, opts: Options, derived: dict | None = None, module: LeirModule | None = None,
-                 original_check: dict | None = None, rule_ids: frozenset[str] | None = None):
+                 original_check: dict | None = None, rule_ids: frozenset[str] | None = None,
+                 parent: LeirModule | None = None):
         from ..rules import load_rule
 
         self.src, self.seconds = src, 0.0
@@ -430,7 +446,8 @@ class _Program:
         if self.error is None:
             rules = [r for r in map(load_rule, opts.rule_paths) if rule_ids is None or r.id in rule_ids]
             _prefetch_sites(rules, self.module, opts)
-            self.runs = [_RuleRun(r, self.module, src, opts, key) for r in rules]
+            parent_key = module_key(parent) if parent is not None else None
+            self.runs = [_RuleRun(r, self.module, src, opts, key, parent_key) for r in rules]
         self.seconds += time.perf_counter() - t0
 
     def kept_steps(self) -> list[tuple[str, object, object, str]]:
@@ -455,7 +472,8 @@ class _Program:
             if rule_ids is not None:
                 d["follow_up"] = True
             check = {"against": "derived", "derived_from": eid, **res.to_dict()}
-            out.append(_Program(self.src, opts, derived=d, module=step.after, original_check=check, rule_ids=rule_ids))
+            out.append(_Program(self.src, opts, derived=d, module=step.after, original_check=check, rule_ids=rule_ids,
+                                parent=self.module))
         return out
 
     def entries_and_attempts(self, opts: Options, nvcc_ran: bool) -> tuple[list[dict], list[dict]]:
@@ -486,9 +504,19 @@ class _Program:
             entries += e
             attempts += a
             self.seconds += d.seconds
+        entries, dropped = one_label_per_step(entries)
+        attempts += [{"rule": e["strategy"]["id"], "outcome": "duplicate_label",
+                      "reason": f"the same step as the kept entry of {e['duplicate_of']}",
+                      **({"derived_from": e["derived_from"]["id"]} if e.get("derived_from") else {})}
+                     for e in dropped]
         self.seconds += time.perf_counter() - t0
         return ProgramResult(str(src.path), src.key, self.module.signature.name, entries, attempts,
                              seconds=self.seconds)
+
+
+def _reverts(after: LeirModule, parent_key: str) -> bool:
+    """True when ``after`` is alpha-equivalent to the program whose key is ``parent_key``."""
+    return module_key(after) == parent_key
 
 
 def _verified_pool(units: list[_Program]) -> list[tuple[str, _Program, tuple]]:

@@ -45,6 +45,7 @@ from tqdm import tqdm
 from .chat import multi_messages, rl_record, single_messages
 from .difficulty import FilterPolicy, filter_multi_items, keep_single, paper_sets
 from .generate import Options, ProgramResult, is_internal_error, process_batch_safe
+from .labels import one_label_per_step
 from .resume import ResumeError, load_resume_state
 from ..programs import discover
 from ..io import JsonlAppender, read_jsonl, write_json_atomic, write_jsonl_atomic
@@ -300,6 +301,10 @@ def preference_pairs(chosen: list[dict], negatives: list[dict], seed: int = 0) -
     return trl, swift
 
 
+#: Attempt outcomes that are not candidates the verifier judged (no pass rate counts them):
+#: worker failures that did not reproduce, a derived original's step back to its parent, a
+#: step kept under another strategy's label (:mod:`steptp.dataset.labels`).
+NOT_CANDIDATE_OUTCOMES = ("infrastructure", "reverts_parent", "duplicate_label")
 #: Attempt outcomes that are errors of the rule itself (its rewrite, its CoT template, its
 #: patterns), not verdicts on a candidate.
 RULE_ERROR_OUTCOMES = ("apply_error", "match_error")
@@ -318,7 +323,7 @@ def broken_rules(attempts) -> dict[str, str]:
     exit 0)."""
     by_rule: dict[str, list[dict]] = defaultdict(list)
     for a in attempts:
-        if a["outcome"].startswith("mutant") or a["outcome"] == "infrastructure":
+        if a["outcome"].startswith("mutant") or a["outcome"] in NOT_CANDIDATE_OUTCOMES:
             continue
         by_rule[a["rule"]].append(a)
     out = {}
@@ -342,7 +347,10 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     """(Re)build the chat sets and the report from ``dictionary.jsonl`` (atomic writes)."""
     out = Path(outdir)
     entries = list(read_jsonl(out / "dictionary.jsonl"))
-    single_entries, multi_groups = filtered_sets(entries, policy)
+    # one label per step across programs too (two identical source programs): the chat sets
+    # take the entry of highest precedence (labels.one_label_per_step)
+    labelled, cross_dupes = one_label_per_step(entries)
+    single_entries, multi_groups = filtered_sets(labelled, policy)
     entries = sorted(entries, key=lambda e: e["id"])
     singles = [single_messages(e) for e in single_entries]
     multis = [multi_messages(g) for g in multi_groups]
@@ -368,7 +376,7 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     attempts = list(read_jsonl(out / "attempts.jsonl"))
     # hard negatives (--negatives) are not candidates of the rule: they stay out of its pass rate
     tried = Counter(a["rule"] for a in attempts
-                    if not a["outcome"].startswith("mutant") and a["outcome"] != "infrastructure")
+                    if not a["outcome"].startswith("mutant") and a["outcome"] not in NOT_CANDIDATE_OUTCOMES)
     passed = Counter(a["rule"] for a in attempts if a["outcome"] == "equal")
     failed = [s for s in states if s.get("error")]
     internal = sum(1 for s in failed if is_internal_error(s["error"]))
@@ -399,6 +407,13 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
         "chat_single": len(singles),
         "chat_multi": len(multis),
         "rl_prompts": len(rl),
+        # one step, one label (steptp.dataset.labels): steps kept once under the label of highest
+        # precedence, candidates of derived originals that gave back their parent, and pairs
+        # still under two labels across programs (identical programs; left out of the chat sets)
+        "labels": {"duplicate_labels_merged": sum(1 for a in attempts if a["outcome"] == "duplicate_label"),
+                   "reverts_parent_skipped": sum(1 for a in attempts if a["outcome"] == "reverts_parent"),
+                   "entries_with_also_strategies": sum(1 for e in entries if e.get("also_strategies")),
+                   "steps_under_two_labels": len(cross_dupes)},
         "by_strategy": dict(sorted(Counter(e["strategy"]["id"] for e in entries).items())),
         "by_category": dict(sorted(Counter(e["strategy"]["category"] for e in entries).items())),
         "by_level": dict(sorted(Counter(e["difficulty"]["level"] for e in entries).items())),

@@ -135,7 +135,8 @@ def load_run(outdir: str | Path) -> RunData:
     # hard negatives are not candidates; infrastructure failures (a worker killed by the machine,
     # fine in a fresh one) say nothing about the candidate
     attempts = [a for a in read_jsonl(out / "attempts.jsonl")
-                if not str(a.get("outcome", "")).startswith("mutant") and a.get("outcome") != "infrastructure"]
+                if not str(a.get("outcome", "")).startswith("mutant")
+                and a.get("outcome") not in ("infrastructure", "reverts_parent", "duplicate_label")]
     data = RunData(out, list(read_jsonl(out / "dictionary.jsonl")), attempts,
                    list(read_jsonl(out / "state.jsonl")), run, policy)
     if not (out / "report.json").exists() or not (out / "chat_single.jsonl").exists():

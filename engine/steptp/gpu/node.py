@@ -58,7 +58,8 @@ def _specs(prog: dict) -> list[TensorSpec]:
 def _regenerate(prog: dict) -> list[dict]:
     """The program's trial inputs regenerated from the seeds, checked against the digests (a
     program whose references the node computes, ``"references": "node"``, has none)."""
-    sets = trial_inputs(_specs(prog), prog["seed"], prog["trials"], prog["ordered"], prog["bounds"])
+    sets = trial_inputs(_specs(prog), prog["seed"], prog["trials"], prog["ordered"], prog["bounds"],
+                        prog.get("edge", ()))
     for k, (x, want) in enumerate(zip(sets, prog["inputs_sha1"])):
         if want is not None and digest(x) != want:
             raise ExecError(f"trial {k}: the regenerated inputs differ from the build side's (numpy's generator "

@@ -26,7 +26,9 @@ pack carries)::
 Neither inputs nor outputs are stored by default: the node regenerates the inputs from the
 seeds with :mod:`steptp.runner.inputs`, checks them against the stored SHA1 digests, runs the
 original's reference build on its CPU and checks those outputs against the SHA1 digests of the
-build side's (:func:`steptp.verify.reference_data`: the same trials, 3 random + 2 ordered).
+build side's (:func:`steptp.verify.reference_data`: the same trials, 3 random + 2 ordered +
+the edge-case ones, whose plan ``edge`` records the large trial's scale; a program whose
+references the node computes, too large to run here, has no edge-case trials).
 The rounding allowances (a few floats per output) are stored; the comparison is the one rule
 of :mod:`steptp.runner.tolerance`, as in CPU verification.
 """
@@ -226,7 +228,7 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
                 "roles": [t.role for t in m.signature.tensors],
                 "bounds": index_bounds(m.signature, [m.program]),
                 "inputs_sha1": [None] * (trials + len(ORDERED_TRIALS)), "outputs_sha1": None, "slacks": None,
-                "references": "node"}
+                "edge": [], "references": "node"}
             ref = None
         else:
             ref = reference_data(m, trials, seed, runner=runner, timeout_s=300.0)
@@ -235,7 +237,7 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
         elif isinstance(ref, str):
             failed[okey] = ref
         else:
-            inputs_, refs, slacks = ref
+            inputs_, refs, slacks = ref.inputs, ref.refs, ref.slacks
             programs[okey] = {
                 "name": m.signature.name, "seed": seed, "trials": trials, "ordered": list(ORDERED_TRIALS),
                 "specs": [list(s) for s in tensor_specs(m.signature)],
@@ -243,7 +245,8 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
                 "bounds": index_bounds(m.signature, [m.program]),
                 "inputs_sha1": [digest(x) for x in inputs_],
                 "outputs_sha1": [digest(r) for r in refs],
-                "slacks": [dict(s) for s in slacks] if slacks else None}
+                "slacks": [dict(s) for s in slacks] if slacks else None,
+                "edge": [[k, sc] for k, sc in ref.edge]}
             if store_references:
                 arrays = {f"ref{k}__{name}": np.asarray(v) for k, r in enumerate(refs) for name, v in r.items()}
                 np.savez_compressed(out / "data" / f"{okey}.npz", **arrays)

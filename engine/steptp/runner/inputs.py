@@ -93,12 +93,73 @@ def ordered_arrays(specs: Sequence[TensorSpec], seed: int = 0, direction: int = 
     return out
 
 
+#: Edge-case trials of a step's verification (design.md §8), in order: every floating point
+#: input exactly zero; uniform(-2, 2) with :data:`ZERO_FRACTION` of its elements exactly
+#: zero; all negative, uniform(-2, -0.1); large magnitudes, uniform(-2, 2) times a scale
+#: from :data:`LARGE_SCALES`.
+EDGE_TRIALS = ("zeros", "scattered_zeros", "negative", "large")
+#: Share of exact zeros in the ``scattered_zeros`` trial.
+ZERO_FRACTION = 0.3
+#: Scales of the ``large`` trial, largest first: the verifier uses the first one at which the
+#: original program's outputs are all finite (inputs up to 64 in magnitude: softmax logits
+#: spread over ~120 within a row, where an ``exp(max - x)`` overflows f32 past ~88.7), else
+#: the last one (then a candidate must reproduce the original's non-finite elements).
+LARGE_SCALES = (32.0, 20.0)
+#: Largest magnitude of any floating point input the verifier draws (the ``large`` trial at
+#: its largest scale); :mod:`steptp.engine.magnitude` bounds values with it.
+LARGEST_INPUT = 2.0 * LARGE_SCALES[0]
+
+
+def edge_arrays(specs: Sequence[TensorSpec], seed: int = 0, kind: str = "zeros", scale: float = 1.0,
+                bounds: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Edge-case inputs of one kind of :data:`EDGE_TRIALS` for every non-output tensor of
+    ``specs`` (design.md §8: "equivalent" promises the original's finite outputs for every
+    input, not only for random normals):
+
+    * ``zeros``: every floating point element 0.0 (divisions by an input, ``log(0)``);
+    * ``scattered_zeros``: uniform(-2, 2) with a seeded :data:`ZERO_FRACTION` of the elements
+      exactly 0.0 (a divisor that is zero somewhere);
+    * ``negative``: uniform(-2, -0.1) (sign-dependent rewrites; the random trials mix signs);
+    * ``large``: uniform(-2, 2) times ``scale`` (overflow of a rewritten ``exp``/power where
+      the original subtracts a maximum or divides first).
+
+    Integer, boolean and index tensors are drawn as in :func:`random_arrays` trial kind 1, so
+    subscripts stay in bounds and no integer divisor is zero. ``kind`` not in
+    :data:`EDGE_TRIALS` raises ``ValueError``. Deterministic for ``(specs, seed, kind,
+    scale, bounds)``: generator ``default_rng([seed, 100 + 3 * i, 7])`` for the kind's
+    position ``i``."""
+    if kind not in EDGE_TRIALS:
+        raise ValueError(f"unknown edge-case trial {kind!r} (known: {', '.join(EDGE_TRIALS)})")
+    i = EDGE_TRIALS.index(kind)
+    out = random_arrays(specs, seed, 100 + 3 * i, bounds)  # ints and bools as trial kind 1 (100 % 3 == 1)
+    rng = np.random.default_rng([int(seed), 100 + 3 * i, 7])
+    for t in specs:
+        if t.is_output or t.dtype == "bool" or t.dtype[0] in "iu":
+            continue
+        shape = tuple(int(s) for s in t.shape)
+        if kind == "zeros":
+            x = np.zeros(shape)
+        elif kind == "scattered_zeros":
+            x = rng.uniform(-2.0, 2.0, size=shape)
+            x[rng.random(shape) < ZERO_FRACTION] = 0.0
+        elif kind == "negative":
+            x = rng.uniform(-2.0, -0.1, size=shape)
+        else:
+            x = rng.uniform(-2.0, 2.0, size=shape) * float(scale)
+        out[t.name] = np.asarray(x).astype(numpy_dtype(t.dtype))
+    return out
+
+
 def trial_inputs(specs: Sequence[TensorSpec], seed: int, trials: int, ordered: Sequence[int] = (),
-                 bounds: Mapping[str, int] | None = None) -> list[dict[str, np.ndarray]]:
+                 bounds: Mapping[str, int] | None = None,
+                 edge: Sequence[Sequence] = ()) -> list[dict[str, np.ndarray]]:
     """The input sets of one verification: ``trials`` random ones, then one ordered set per
-    direction in ``ordered`` (``steptp.verify.ORDERED_TRIALS``: ``(1, -1)``)."""
+    direction in ``ordered`` (``steptp.verify.ORDERED_TRIALS``: ``(1, -1)``), then one
+    edge-case set per ``(kind, scale)`` in ``edge`` (:func:`edge_arrays`; a pack records the
+    scale the build side chose for the ``large`` trial)."""
     sets = [random_arrays(specs, seed, k, bounds) for k in range(trials)]
-    return sets + [ordered_arrays(specs, seed, d, bounds) for d in ordered]
+    sets += [ordered_arrays(specs, seed, d, bounds) for d in ordered]
+    return sets + [edge_arrays(specs, seed, str(k), float(s), bounds) for k, s in edge]
 
 
 def digest(arrays: Mapping[str, np.ndarray]) -> str:
@@ -114,4 +175,5 @@ def digest(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-__all__ = ["TensorSpec", "NUMPY_DTYPES", "numpy_dtype", "random_arrays", "ordered_arrays", "trial_inputs", "digest"]
+__all__ = ["TensorSpec", "NUMPY_DTYPES", "numpy_dtype", "random_arrays", "ordered_arrays", "edge_arrays", "EDGE_TRIALS",
+           "ZERO_FRACTION", "LARGE_SCALES", "LARGEST_INPUT", "trial_inputs", "digest"]

@@ -17,7 +17,7 @@ import numpy as np
 from ..leir import ast as A
 from ..leir.analysis import LeirSemanticError, analyze, equation_instances, interval, tensor_refs
 from ..leir.fileformat import Signature
-from .inputs import TensorSpec, ordered_arrays, random_arrays
+from .inputs import EDGE_TRIALS, LARGE_SCALES, TensorSpec, edge_arrays, ordered_arrays, random_arrays
 
 
 
@@ -112,4 +112,15 @@ def ordered_inputs(signature: Signature, seed: int = 0, direction: int = 1,
     return ordered_arrays(tensor_specs(signature), seed, direction, bounds)
 
 
-__all__ = ["index_bounds", "random_inputs", "tensor_specs", "ORDERED_TRIALS", "ordered_inputs"]
+def edge_inputs(signature: Signature, seed: int = 0, kind: str = "zeros", scale: float = 1.0,
+                programs: Sequence[A.Program] = ()) -> dict[str, np.ndarray]:
+    """Edge-case inputs of ``kind`` (one of :data:`EDGE_TRIALS`: exact zeros, scattered exact
+    zeros, all negative, large magnitudes times ``scale``) for every non-output tensor of
+    ``signature``; integer tensors used as indices stay in bounds (:func:`index_bounds` over
+    ``programs``). The numpy core is :func:`steptp.runner.inputs.edge_arrays`; design.md §8."""
+    bounds = index_bounds(signature, programs) if programs else {}
+    return edge_arrays(tensor_specs(signature), seed, kind, scale, bounds)
+
+
+__all__ = ["index_bounds", "random_inputs", "tensor_specs", "ORDERED_TRIALS", "ordered_inputs", "edge_inputs",
+           "EDGE_TRIALS", "LARGE_SCALES"]

@@ -160,13 +160,14 @@ def _mismatch_detail(name: str, trial: int, ref: np.ndarray, out: np.ndarray, co
             + (f" + the original's own rounding error allowance {slack:.3g}" if slack else ""))
 
 
-def compare_trials(refs, outs, outputs, slacks=None) -> tuple[str, float, float]:
+def compare_trials(refs, outs, outputs, slacks=None, labels=None) -> tuple[str, float, float]:
     """Compare every output of every trial by the tolerance rule (:func:`compare`).
 
     ``refs`` / ``outs``: per trial ``{output name: array}``; ``outputs``: ``[(name, dtype)]``
     compared in this order (dtype: a LEIR code or numpy/TVM name); ``slacks``: per trial
     ``{name: allowance}`` (:func:`steptp.verify.rounding_slack`; a missing trial, None or name
-    allows 0). Returns ``(first, max_abs_err, max_rel_err)``: ``first`` the detail of the first
+    allows 0); ``labels``: a name per trial (``zeros``, ``large x32``...) that the mismatch
+    detail gives beside the trial number. Returns ``(first, max_abs_err, max_rel_err)``: ``first`` the detail of the first
     mismatch (:func:`_mismatch_detail`), '' when everything passes; the maxima over all
     compared outputs. Raises ``ValueError`` when a reference lacks an output. The one
     comparison loop of verification (:mod:`steptp.verify`), the timed form's check
@@ -183,6 +184,8 @@ def compare_trials(refs, outs, outputs, slacks=None) -> tuple[str, float, float]
             max_abs, max_rel = max(max_abs, a), max(max_rel, r)
             if not ok and not first:
                 first = _mismatch_detail(name, trial, ref[name], out[name], dtype_code(dtype), slack)
+                if labels and trial < len(labels) and labels[trial]:
+                    first = first.replace(f"trial {trial}", f"trial {trial} ({labels[trial]} inputs)", 1)
     return first, max_abs, max_rel
 
 
