@@ -46,9 +46,16 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                                                            "implies --ray."),
             profile: str = typer.Option("default", "--profile",
                                         help="Composition of the chat sets: default (the §3.4 filter, one multi-answer "
-                                             "record per program) or paper (sampled to the released dataset: 87/12/0.5 % "
+                                             "record per program) or paper (composed to the released dataset: 87/12/0.5 % "
                                              "difficult/medium/easy items, 2.3 multi-answer records per single-answer "
-                                             "one). Part of the run's options."),
+                                             "one, without repetition: one single-answer record per prompt, multi-answer "
+                                             "records of distinct sizes, each step in at most two). Part of the run's "
+                                             "options."),
+            max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1,
+                                                     help="With --profile paper: most tokens of a multi-answer record "
+                                                          "(prompt + label, Qwen tokenizer; characters / 2 without it); "
+                                                          "a longer record is split into smaller sets or dropped. "
+                                                          "Default 16384."),
             rounds: int = typer.Option(1, "--rounds", min=1,
                                        help="Rounds of steps: round k+1 applies every rule again to a seeded sample "
                                             "of each program's verified transformed programs of round k (derived "
@@ -99,12 +106,14 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
                    isolated=not in_process, timeout_s=timeout, nvcc=not no_nvcc, device=device, time=time_steps,
                    rounds=rounds, negatives=negatives,
                    follow_ups=(profile == "paper") if follow_ups is None else follow_ups)
-    from ..dataset.difficulty import PROFILES, FilterPolicy
+    from ..dataset.difficulty import DEFAULT_MAX_TOKENS, PROFILES, FilterPolicy
     from ..dataset.distributed import RayUnavailable
 
     if profile not in PROFILES:
         fail(f"--profile {profile}: expected one of {', '.join(PROFILES)}")
-    policy = FilterPolicy(seed=seed, profile=profile)
+    if max_tokens is not None and profile != "paper":
+        fail("--max-tokens bounds the multi-answer records of --profile paper; the default profile does not use it")
+    policy = FilterPolicy(seed=seed, profile=profile, max_tokens=max_tokens or DEFAULT_MAX_TOKENS)
 
     try:
         report = generate_dataset([str(i) for i in inputs], outdir, opts, policy=policy, workers=workers,

@@ -42,8 +42,9 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from .chat import multi_messages, rl_record, single_messages
-from .difficulty import FilterPolicy, filter_multi_items, keep_single, paper_sets
+from .chat import multi_messages, multi_tokens, rl_record, single_messages, token_counter
+from .difficulty import (FilterPolicy, FilteredSets, composition_stats, filter_multi_items, keep_single, paper_sets,
+                         prompt_key)
 from .generate import Options, ProgramResult, is_internal_error, process_batch_safe
 from .labels import one_label_per_step
 from .resume import ResumeError, load_resume_state
@@ -222,21 +223,37 @@ def _generate(sources, out: Path, opts: Options, policy: FilterPolicy, workers: 
     return build_derived(out, policy)
 
 
-def filtered_sets(entries: list[dict], policy: FilterPolicy) -> tuple[list[dict], list[list[dict]]]:
+def filtered_sets(entries: list[dict], policy: FilterPolicy) -> FilteredSets:
     """The difficulty-aware filtering of paper §3.4 over dictionary entries (any order).
 
-    Returns ``(single, multi)``: the entries kept as single-answer records (sorted by id) and,
-    per original program with enough kept items, the entries of one multi-answer record
-    (a seeded sample of 2..n items); with ``policy.profile == "paper"`` the sampling of
-    :func:`steptp.dataset.difficulty.paper_sets`. Deterministic for ``policy.seed`` and the
-    set of entries."""
+    Returns a :class:`~steptp.dataset.difficulty.FilteredSets`, the 2-tuple ``(single,
+    multi)``: the entries kept as single-answer records (sorted by id) and the entry lists of
+    the multi-answer records; its ``stats`` attribute is a JSON-ready dict of how they came
+    out (:func:`~steptp.dataset.difficulty.composition_stats`: answers per prompt, answer
+    slots against distinct steps, the level mix against the paper's).
+
+    * ``default``: per original program with enough kept items, one multi-answer record (a
+      seeded sample of 2..n items); every medium and difficult entry a single-answer record.
+    * ``paper``: :func:`steptp.dataset.difficulty.paper_sets` over the entries grouped by
+      prompt (program name, original LEIR, signature), multi-answer records measured with
+      :func:`steptp.dataset.chat.multi_tokens` against ``policy.max_tokens``; ``stats``
+      also has ``medium_join_rate`` and ``tokens {max_tokens, measure, over, split, parts,
+      dropped, dropped_steps, max}`` (records over the bound, records split and the smaller
+      records made of them, records dropped, answers lost, the longest record kept), for
+      ``report.json``.
+
+    Deterministic for ``policy.seed`` and the set of entries."""
     entries = sorted(entries, key=lambda e: e["id"])
+    if policy.profile == "paper":
+        by_prompt: dict[tuple, list[dict]] = defaultdict(list)
+        for e in entries:
+            by_prompt[prompt_key(e)].append(e)
+        _, measure_name = token_counter()
+        return paper_sets([sorted(by_prompt[k], key=lambda e: (e["strategy"]["id"], e["id"]))
+                           for k in sorted(by_prompt)], policy, measure=multi_tokens, measure_name=measure_name)
     by_original: dict[str, list[dict]] = defaultdict(list)
     for e in entries:
         by_original[e["original"]["leir"]].append(e)
-    if policy.profile == "paper":
-        return paper_sets([sorted(by_original[k], key=lambda e: (e["strategy"]["id"], e["id"]))
-                           for k in sorted(by_original)], policy)
     singles = keep_single(entries, policy)
     rng = random.Random(f"multi:{policy.seed}")
     counts: dict[str, int] = {}
@@ -248,7 +265,7 @@ def filtered_sets(entries: list[dict], policy: FilterPolicy) -> tuple[list[dict]
             continue
         k = rng.randint(policy.min_multi, len(items))
         multis.append(rng.sample(items, k))
-    return singles, multis
+    return FilteredSets(singles, multis, {"profile": "default", **composition_stats(singles, multis)})
 
 
 def negative_records(attempts) -> list[dict]:
@@ -350,7 +367,8 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
     # one label per step across programs too (two identical source programs): the chat sets
     # take the entry of highest precedence (labels.one_label_per_step)
     labelled, cross_dupes = one_label_per_step(entries)
-    single_entries, multi_groups = filtered_sets(labelled, policy)
+    sets = filtered_sets(labelled, policy)
+    single_entries, multi_groups = sets
     entries = sorted(entries, key=lambda e: e["id"])
     singles = [single_messages(e) for e in single_entries]
     multis = [multi_messages(g) for g in multi_groups]
@@ -414,6 +432,9 @@ def build_derived(outdir: str | Path, policy: FilterPolicy) -> dict:
                    "reverts_parent_skipped": sum(1 for a in attempts if a["outcome"] == "reverts_parent"),
                    "entries_with_also_strategies": sum(1 for e in entries if e.get("also_strategies")),
                    "steps_under_two_labels": len(cross_dupes)},
+        # how the chat sets came out (difficulty.composition_stats): answers per single-answer
+        # prompt, multi-answer slots against distinct steps, the level mix against the paper's
+        "composition": sets.stats,
         "by_strategy": dict(sorted(Counter(e["strategy"]["id"] for e in entries).items())),
         "by_category": dict(sorted(Counter(e["strategy"]["category"] for e in entries).items())),
         "by_level": dict(sorted(Counter(e["difficulty"]["level"] for e in entries).items())),
