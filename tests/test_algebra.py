@@ -209,8 +209,10 @@ def test_factorization_rule_rewrites_only_the_accumulated_term():
 
 def test_ownership_one_label_per_transformation():
     # (A*A*W+A*W)/(A*(A+W)): cancel and factor differ, so cancellation owns its result;
-    # A/(W+1)+W/(A+1): cancel expands, together keeps the factored denominators
-    m = parse_leir(HEAD + f"B^{{4}}_{{tx=0}}L^{{8}}_{{a=0}}[C^{{f32,g}}_{{tx,a}}={Aa}/({Wa}+1.0)+{Wa}/({Aa}+1.0);];")
+    # A/(W*W+1)+W/(A*A+1): cancel expands, together keeps the factored denominators (denominators
+    # provably >= 1: with W+1 and A+1 the expanded A*W+A+W+1 is not provably non-zero, and
+    # cancellation, safe_operands, does not propose it)
+    m = parse_leir(HEAD + f"B^{{4}}_{{tx=0}}L^{{8}}_{{a=0}}[C^{{f32,g}}_{{tx,a}}={Aa}/({Wa}*{Wa}+1.0)+{Wa}/({Aa}*{Aa}+1.0);];")
     t = apply_rule(rule("together"), m)
     assert format_program(t.after.program) != format_program(apply_rule(rule("cancellation"), m).after.program)
     # W*exp(A)+2*exp(A): factor and collect give the same product, factorization owns it
@@ -242,7 +244,8 @@ def test_split_domains_honour_avoid_and_accumulators():
     sites = {s.expr for s, _ in list_candidates(rule("multiplicative_split"), m) if s.equation == (4, 1)}
     assert () not in sites                          # max(E, A) contains the accumulator E
     ecs = [format_expr(p["c"]) for s, p in list_candidates(rule("exponential_split"), m) if s.equation == (4, 0)]
-    assert "D^{f32,g}_{tx,a}" in ecs and "M^{f32,g}_{tx,a}" in ecs
+    assert "D^{f32,g}_{tx,a}" in ecs
+    assert "M^{f32,g}_{tx,a}" not in ecs  # W*W+1 is up to 4097 for inputs up to 64: exp(c) overflows
     assert "F^{f32,g}_{tx,a}" not in ecs and "K^{f32,g}_{tx,a}" not in ecs  # exp outputs may overflow in exp(c)
 
 

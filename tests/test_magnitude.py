@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from steptp.engine import NoMatch, apply_rule, list_candidates
-from steptp.engine.magnitude import FLOAT_INPUT_BOUND, expr_bound, introduces_overflow, tensor_bounds
+from steptp.engine.magnitude import (FALLBACK_INPUT_BOUND, FLOAT_INPUT_BOUND, expr_bound, input_bound,
+                                     introduces_overflow, tensor_bounds)
 from steptp.leir import parse_expr, parse_leir
 from steptp.rules import load_rule, load_rule_text
 from steptp.verify import verify_pair
 
 RULES = Path(__file__).resolve().parents[1] / "rules"
 
-# a row of a 256-long matmul: |D| <= 256 * 5 * 5 = 6400, far beyond ln(f32 max) = 88.7
+# a row of a 256-long matmul: |D| <= 256 * 40 * 40 = 409600 (inputs up to 40: the output overflows at
+# 64, where the verifier falls back to its smaller large-trial scale), far beyond ln(f32 max) = 88.7
 MATMUL_EXP = parse_leir("""% program: exp_overflow
 % input A: f32[4,256]
 % input W: f32[8,256]
@@ -44,10 +46,12 @@ def _without_filter(rule_id: str, pattern: str) -> object:
 
 def test_tensor_bounds_follow_the_documented_rules():
     b = tensor_bounds(MATMUL_EXP)
-    assert b["A"] == b["W"] == FLOAT_INPUT_BOUND
-    assert b["D"] == 256 * FLOAT_INPUT_BOUND ** 2             # accumulation over the reduction axis c
-    assert b["C"] == pytest.approx(math.exp(0.01 * 256 * FLOAT_INPUT_BOUND ** 2))
+    assert input_bound(MATMUL_EXP) == FALLBACK_INPUT_BOUND      # its output overflows at 64: the smaller scale
+    assert b["A"] == b["W"] == FALLBACK_INPUT_BOUND
+    assert b["D"] == 256 * FALLBACK_INPUT_BOUND ** 2           # accumulation over the reduction axis c
+    assert b["C"] == math.inf
     s = tensor_bounds(SOFTMAX_OF_INPUTS)
+    assert input_bound(SOFTMAX_OF_INPUTS) == FLOAT_INPUT_BOUND  # its output (a quotient) is unknown, not overflowing
     assert s["D"] == FLOAT_INPUT_BOUND                          # a max keeps the element bound
     assert s["E"] == pytest.approx(8 * math.exp(2 * FLOAT_INPUT_BOUND))
     assert math.isnan(s["C"])                                  # a quotient by a tensor: unknown
@@ -59,22 +63,34 @@ def test_tensor_bounds_follow_the_documented_rules():
 def test_overflow_is_judged_on_new_subterms_in_the_dtype():
     old = parse_expr("exp(D^{f32,g}_{tx,a}*0.01)")
     assert introduces_overflow(MATMUL_EXP, (), "f32", old, parse_expr("exp(D^{f32,g}_{tx,a})"))
-    assert not introduces_overflow(MATMUL_EXP, (), "f64", old, parse_expr("exp(D^{f32,g}_{tx,a}*0.1)"))
+    assert not introduces_overflow(MATMUL_EXP, (), "f64", old, parse_expr("exp(D^{f32,g}_{tx,a}*0.001)"))
     assert introduces_overflow(MATMUL_EXP, (), "f16", old, parse_expr("exp(D^{f32,g}_{tx,a}*0.002)"))
     # a subterm the original already has is not the rewrite's doing; new arithmetic on it is
     assert not introduces_overflow(MATMUL_EXP, (), "f32", parse_expr("exp(D^{f32,g}_{tx,a})*2.0"),
                                    parse_expr("exp(D^{f32,g}_{tx,a})"))
     assert introduces_overflow(MATMUL_EXP, (), "f32", parse_expr("exp(D^{f32,g}_{tx,a})"),
                                parse_expr("exp(D^{f32,g}_{tx,a})*1.0"))
+    # a product of exponentials equal (in real numbers) to an old one overflows where it does; its
+    # factors are new: exp(A)*exp(W) for exp(A+W) is judged by exp(A) and exp(W) alone (inputs here
+    # up to 40: e^40 is finite in f32, e^120 is not)
+    aw = parse_expr("exp(A^{f32,g}_{tx,c}+W^{f32,g}_{a,c})")
+    assert not introduces_overflow(MATMUL_EXP, (), "f32", aw,
+                                   parse_expr("exp(A^{f32,g}_{tx,c})*exp(W^{f32,g}_{a,c})"))
+    e120 = "exp(3.0*A^{f32,g}_{tx,c})*exp(W^{f32,g}_{a,c}-2.0*A^{f32,g}_{tx,c})"   # exp(3A) up to e^120
+    assert introduces_overflow(MATMUL_EXP, (), "f32", aw, parse_expr(e120))
     # an unknown bound (a quotient) never rejects
     assert not introduces_overflow(SOFTMAX_OF_INPUTS, (), "f32", old, parse_expr("exp(C^{f32,g}_{tx,a})"))
 
 
+#: the filter of exponential_split (steptp.engine.signs: exp(c) and exp(x-c) bounded for inputs up to 64)
+SPLIT_FILTER = r"filter:\n  - provably: \{[^\n]*\}\n"
+
+
 def test_exponential_split_no_longer_proposes_the_overflowing_split():
     shipped = load_rule(RULES / "exponential_split.yaml")
-    with pytest.raises(NoMatch, match="no_overflow"):
+    with pytest.raises(NoMatch, match="provably"):
         list_candidates(shipped, MATMUL_EXP)
-    unfiltered = _without_filter("exponential_split", r"filter:\n  - no_overflow: \{terms: \[[^\]]*\]\}\n")
+    unfiltered = _without_filter("exponential_split", SPLIT_FILTER)
     cands = list_candidates(unfiltered, MATMUL_EXP)
     assert cands, "without the filter the previous row element is a candidate"
     step = apply_rule(unfiltered, MATMUL_EXP, site=cands[0][0], params=cands[0][1])
@@ -118,10 +134,12 @@ B^{4}_{tx=0}L^{8}_{a=0}L^{8}_{c=0}[S^{f32,g}_{tx,a,c}=if_then_else(M^{bool,g}_{a
 B^{4}_{tx=0}L^{8}_{a=0}L^{8}_{c=0}[C^{f32,g}_{tx,a,c}=exp(S^{f32,g}_{tx,a,c}-N^{f32,g}_{tx,a});];
 """)
     b = tensor_bounds(prog)
-    assert b["V"] == pytest.approx(8 * (FLOAT_INPUT_BOUND + 8 * FLOAT_INPUT_BOUND / 8) ** 2)
-    assert b["N"] == pytest.approx(2 * FLOAT_INPUT_BOUND / math.sqrt(1e-5))
+    x = input_bound(prog)   # the masked output exp(S - N) has bound inf at 64: the smaller scale
+    assert x == FALLBACK_INPUT_BOUND
+    assert b["V"] == pytest.approx(8 * (x + 8 * x / 8) ** 2)
+    assert b["N"] == pytest.approx(2 * x / math.sqrt(1e-5))
     assert b["S"] == math.inf
-    unfiltered = _without_filter("exponential_split", r"filter:\n  - no_overflow: \{terms: \[[^\]]*\]\}\n")
+    unfiltered = _without_filter("exponential_split", SPLIT_FILTER)
     masked = [(s, p) for s, p in list_candidates(unfiltered, prog) if "name='S'" in repr(p["c"])]
     assert masked, "without the filter a masked score is offered as c"
     step = apply_rule(unfiltered, prog, site=masked[0][0], params=masked[0][1])

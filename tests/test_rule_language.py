@@ -148,14 +148,19 @@ def test_shape_rank_and_counts():
 
 
 def test_value_functions_are_defined_once():
+    from steptp.engine import signs as SG
     from steptp.engine import tiling as TL
     from steptp.engine import values as V
     from steptp.engine.primitives import VALUE_FUNCTIONS
 
-    # every value function lives in values.py (the GPU tiling ones in tiling.py) and is the registered one
-    assert VALUE_FUNCTIONS == {**V.LANGUAGE_FUNCTIONS, **TL.TILING_FUNCTIONS} and len(VALUE_FUNCTIONS) == 86
+    # every value function lives in values.py (the GPU tiling ones in tiling.py, the floating-point
+    # ones in signs.py) and is the registered one
+    assert VALUE_FUNCTIONS == {**V.LANGUAGE_FUNCTIONS, **TL.TILING_FUNCTIONS, **SG.SIGN_FUNCTIONS} \
+        and len(VALUE_FUNCTIONS) == 88
     assert not set(V.LANGUAGE_FUNCTIONS) & set(TL.TILING_FUNCTIONS)
-    assert all(fn.__module__ in ("steptp.engine.values", "steptp.engine.tiling") for _, fn in VALUE_FUNCTIONS.values())
+    assert not (set(V.LANGUAGE_FUNCTIONS) | set(TL.TILING_FUNCTIONS)) & set(SG.SIGN_FUNCTIONS)
+    assert all(fn.__module__ in ("steptp.engine.values", "steptp.engine.tiling", "steptp.engine.signs")
+               for _, fn in VALUE_FUNCTIONS.values())
     with pytest.raises(RuntimeError, match="defined twice: rank_of"):
         V._register({"rank_of": (1, lambda ctx, x: 0)})
 

@@ -17,6 +17,7 @@ from .match import CompileError, Matcher, Site, compile_rule, find_sites, find_s
 from .primitives import Change, EqRef, NestRef, RewriteError
 from . import mathprims  # noqa: F401,E402 - registers the algebra primitive, filter and domains
 from . import magnitude  # noqa: F401,E402 - registers the no_overflow filter
+from . import signs  # noqa: F401,E402 - registers the provably filter
 
 __all__ = ["NoMatch", "PreflightRejected", "checked_candidates", "new_preflight_problems", "Step", "apply_rule", "list_candidates", "site_nests", "Site", "find_sites", "find_sites_many",
            "Matcher", "compile_rule", "CompileError", "RewriteError", "Change", "NestRef", "EqRef"]

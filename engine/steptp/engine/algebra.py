@@ -28,6 +28,12 @@ module is the one generic bridge between LEIR and sympy that every math rule use
   saturation first, :mod:`steptp.engine.equiv`; then sympy ``simplify(before - after) ==
   0``, bounded in time) and returns ``proved``,
   ``disproved`` (a high-precision evaluation at random points differs) or ``unknown``.
+  Both provers reason over the reals, so "proved" is granted only where the identity also
+  holds in floating point (design.md §8): a rewrite that divides by, takes ``log``/``sqrt``
+  or a negative/fractional power of an operand the original does not already treat so (or
+  drops such an operation of the original) is at best ``unknown`` unless
+  :mod:`steptp.engine.signs` proves the operand safe (non-zero, positive, non-negative;
+  finite).
 
 Conversion is deterministic (symbols are named after the canonical LEIR text of what they
 stand for, and terms are emitted in sympy's ordered-terms order) and bounded in time
@@ -733,12 +739,24 @@ def _numeric_disagree(b: sp.Expr, a: sp.Expr, symbols, trials: int = 4) -> bool:
     return hits >= 2
 
 
-def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S) -> str:
-    """Try to prove two LEIR value expressions equal (tensor accesses are symbols).
+def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S, judge=None) -> str:
+    """Try to prove two LEIR value expressions equal (tensor accesses are symbols), in
+    floating point as well as in the reals.
 
     Returns ``"proved"`` when bounded egglog equality saturation
     (:func:`steptp.engine.equiv.egglog_prove`) shows it, or else when
-    ``sympy.simplify(before - after) == 0`` (or the difference already evaluates to 0);
+    ``sympy.simplify(before - after) == 0`` (or the difference already evaluates to 0),
+    *and* the step neither adds nor removes a floating-point hazard: every operand ``after``
+    divides by, takes ``log``/``sqrt`` or a negative/fractional power of that ``before``
+    does not already treat so (AST equality; a new divisor whose factors ``before`` already
+    divides by passes), and every such operand of ``before`` that ``after`` drops, is proved
+    finite and non-zero (``log``, negative fractional powers: positive; ``sqrt``, positive
+    fractional powers: non-negative) by ``judge`` (:func:`steptp.engine.signs.unsafe_operands`);
+    otherwise such an equality is only ``"unknown"`` (``x -> x/A*A`` is 0/0 = nan where the
+    input ``A`` is 0; ``x*A/A -> x`` turns that nan into a number). ``judge``: a
+    :class:`steptp.engine.signs.Judge` for the place the expressions are read
+    (:func:`symbolic_check_programs` passes one with the program's facts); None: a
+    context-free one (every tensor read unknown, so only literal-built operands are safe).
     ``"disproved"`` when, at seeded random rational points in (0.2, 1.8), the two differ by
     more than :data:`FOLDED_ROUNDING` (``2**-48``) relative: evaluated exactly in rationals
     when both sides are rational functions (every literal is an exact rational, so
@@ -750,7 +768,25 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
     opaque subterms are not independent values: ``if_then_else(c, x, 0)`` against
     ``if_then_else(c, x + y - y, 0)`` is checked branch by branch (same condition on both
     sides: proved when both branches are, disproved when one is), and a difference that
-    keeps an opaque subterm found on one side only is never a disproof."""
+    keeps an opaque subterm found on one side only is never a disproof.
+
+    Overflow is not this check's concern (``exp(x) -> exp(x-c)*exp(c)`` is proved): the
+    rules' filters (``no_overflow``, ``provably``) and the verifier's large-magnitude trial
+    judge it."""
+    r = _real_check(before, after, seconds, judge)
+    if r == "proved":
+        from .signs import context_free, unsafe_operands
+
+        if judge is None:
+            dts = [t.dtype for t in A.walk(after) if isinstance(t, A.Tensor) and t.dtype in FLOAT_DTYPES]
+            judge = context_free(dts[0] if dts else "f32")
+        if unsafe_operands(before, after, judge):
+            return "unknown"
+    return r
+
+
+def _real_check(before: A.Expr, after: A.Expr, seconds: float, judge) -> str:
+    """:func:`symbolic_check` over the reals (the floating-point gate is the caller's)."""
     from .equiv import egglog_prove
 
     try:
@@ -760,7 +796,7 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
         pass
     if isinstance(before, A.Call) and isinstance(after, A.Call) and before.func == after.func == "if_then_else" \
             and before.args[0] == after.args[0]:
-        sides = [symbolic_check(x, y, seconds) for x, y in zip(before.args[1:], after.args[1:])]
+        sides = [symbolic_check(x, y, seconds, judge) for x, y in zip(before.args[1:], after.args[1:])]
         if "disproved" in sides:
             return "disproved"
         return "proved" if all(r == "proved" for r in sides) else "unknown"
@@ -783,11 +819,22 @@ def symbolic_check(before: A.Expr, after: A.Expr, seconds: float = TIME_LIMIT_S)
         return "unknown"
 
 
-def symbolic_check_programs(before: A.Program, after: A.Program) -> str:
+def symbolic_check_programs(before: A.Program, after: A.Program, signature=None) -> str:
     """Symbolic check of a one-step rewrite: every equation that changed in place (same
-    path, same target) must be proved equal. ``proved`` if all are, ``disproved`` if one
-    is, ``unknown`` otherwise (including structural changes: nests added or removed)."""
+    path, same target) must be proved equal (:func:`symbolic_check`). ``proved`` if all are,
+    ``disproved`` if one is, ``unknown`` otherwise (including structural changes: nests
+    added or removed).
+
+    Floating point: each changed equation is judged with the sign/interval facts of the
+    ``after`` program at that equation (:func:`steptp.engine.signs.site_judge`; inputs are
+    taken as the verifier draws them, exact zeros included; ``signature``: the programs'
+    signature, optional: without it every tensor the program never writes is an input), so
+    a step that divides by (takes ``log``/``sqrt`` of...) a value the original did not and
+    that is not provably non-zero (positive...) and finite there is at best ``unknown``:
+    ``x -> x/A*A`` with ``A`` an input, or ``G = F/2.0`` of a matmul, is not proved, ``x ->
+    x/D*D`` with ``D = A*A + 1.0`` from an earlier nest is. ``disproved`` is unaffected."""
     from ..leir.analysis import equation_instances
+    from .signs import site_judge
 
     b = list(equation_instances(before))
     a = list(equation_instances(after))
@@ -802,7 +849,8 @@ def symbolic_check_programs(before: A.Program, after: A.Program) -> str:
         if x.path != y.path or ex.target != ey.target:
             return "unknown"
         changed += 1
-        r = symbolic_check(ex.value, ey.value)
+        judge = site_judge(after, y.path, signature)
+        r = symbolic_check(ex.value, ey.value, judge=judge)
         if r == "disproved" and len(x.path) == 2:
             # a rewrite that looked through producer nests (math normal forms with
             # look_through, logsimp/expand_log): compare the equations with the producers'
@@ -810,7 +858,7 @@ def symbolic_check_programs(before: A.Program, after: A.Program) -> str:
             bx = through_targets(before, x.path[0], ex.value)[-1]
             ay = through_targets(after, y.path[0], ey.value)[-1]
             if (bx, ay) != (ex.value, ey.value):
-                r = symbolic_check(bx, ay)
+                r = symbolic_check(bx, ay, judge=judge)
         if r == "disproved":
             return "disproved"
         if r == "unknown":

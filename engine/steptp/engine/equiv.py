@@ -11,7 +11,14 @@ for at most :data:`MAX_ITERS` iterations or :data:`MAX_NODES` e-nodes, checking
 
 The axioms hold for real numbers wherever both sides are defined; ``log``/``sqrt`` laws
 that need positive arguments are deliberately absent, so a log rewrite is never "proved"
-here. A failed proof says nothing (the check is incomplete): the caller falls back to sympy.
+here. "Wherever both sides are defined" is the catch: ``a/b = a*b**-1`` with
+``b**-1 * b = 1`` makes ``x = x/c*c`` provable for any ``c``, also one that is exactly 0 in
+floating point (0/0 = nan), and nothing here knows about overflow. An egglog proof is
+therefore a proof over the reals only; :func:`steptp.engine.algebra.symbolic_check` grants
+"proved" only after the floating-point gate :func:`steptp.engine.signs.unsafe_operands`
+(every division, ``log``, ``sqrt`` or negative/fractional power the step adds or removes is
+of an operand the sign analysis proves safe; design.md §8). A failed proof says nothing (the
+check is incomplete): the caller falls back to sympy.
 Sources: egglog 13 (``egglog.bindings``), egglog-notes Q7.
 """
 
@@ -115,8 +122,9 @@ def _size(eg: B.EGraph) -> int:
 
 
 def egglog_prove(before: A.Expr, after: A.Expr, max_iters: int = MAX_ITERS, max_nodes: int = MAX_NODES) -> bool:
-    """True when bounded equality saturation shows ``before == after``; False when it could
-    not (within ``max_iters`` iterations / ``max_nodes`` e-nodes), which proves nothing."""
+    """True when bounded equality saturation shows ``before == after`` over the reals (not in
+    floating point: see the module docstring); False when it could not (within ``max_iters``
+    iterations / ``max_nodes`` e-nodes), which proves nothing."""
     try:
         lhs, rhs = encode(before), encode(after)
     except _Unencodable:

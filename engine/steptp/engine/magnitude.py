@@ -9,11 +9,19 @@ reject such a step; this module lets the rule engine not propose it.
 
 **The bound.** :func:`tensor_bounds` gives, for every tensor of a program, an upper bound on
 ``|value|`` under the verifier's inputs (:func:`steptp.verify.random_inputs`: uniform on
-[-2, 2] or [0.1, 2], standard normal; :func:`steptp.verify.ordered_inputs`: [0.1, 2]), by
-interval reasoning on magnitudes in program order:
+[-2, 2] or [0.1, 2], standard normal; :func:`steptp.verify.ordered_inputs`: [0.1, 2]; the
+edge-case trials of design.md §8, :func:`steptp.runner.inputs.edge_arrays`: zeros, scattered
+zeros, uniform(-2, -0.1), and the large trial uniform(-2, 2) times 32), by interval
+reasoning on magnitudes in program order:
 
-* inputs, params and constants: :data:`FLOAT_INPUT_BOUND` (5: a standard normal draw
-  exceeds it with probability 6e-7), integer tensors :data:`INT_INPUT_BOUND`;
+* inputs, params and constants: :data:`FLOAT_INPUT_BOUND` (64, the large edge trial's
+  largest magnitude, :data:`steptp.runner.inputs.LARGEST_INPUT`; a standard normal draw
+  exceeds it with probability ~0), or :data:`FALLBACK_INPUT_BOUND` (40, the trial's smaller
+  scale 20) for a program one of whose outputs has a bound past its dtype's largest value
+  at 64: the verifier scales the trial down only where the *original's* outputs are not
+  finite, and a worst-case overflow of the original is taken as the sign that they are not
+  (a heuristic: this module is a pre-filter; :mod:`steptp.engine.signs`, which proves, always
+  uses 64); integer tensors :data:`INT_INPUT_BOUND`;
 * an accumulation ``X = X + e`` over reduction loops of total extent ``R`` (the enclosing
   loops whose index is not in ``X``'s subscript) adds ``R * |e|``; ``X = max(X, e)`` /
   ``min`` takes ``|e|``; ``X = X * e`` multiplies by ``|e|**R``; any other equation gives
@@ -35,8 +43,11 @@ evidence of overflow either way).
 subterm that is not a subterm of the old one whose known bound exceeds the largest finite
 value of the equation's dtype (:data:`DTYPE_MAX`): a new term that may overflow, or new
 arithmetic on a value that may already be infinite (``-inf`` literals have bound ``inf``:
-a causal mask's ``-inf`` as ``c`` gives ``exp(-inf - -inf) = nan``). An unknown bound
-does not reject: the filter removes the rewrites with demonstrable overflow, and the
+a causal mask's ``-inf`` as ``c`` gives ``exp(-inf - -inf) = nan``). A new product of
+``exp`` factors equal in real numbers to a product the old expression has (same other
+factors, exponents summing to the same linear combination: ``exp(a)*exp(b)`` for
+``exp(a+b)``) overflows where the old one does and is not counted; its factors are. An
+unknown bound does not reject: the filter removes the rewrites with demonstrable overflow, and the
 verifier stays the judge of the rest. Rules use it as the candidate filter
 ``no_overflow: {terms: [...]}`` (templates filled with the site's bindings, e.g.
 ``["exp(?c)", "exp(?x-?c)"]``) or as the option ``no_overflow: true`` of the
@@ -49,18 +60,11 @@ import math
 
 from ..leir import ast as A
 from ..leir.analysis import self_reference_kind
+from ..leir.printer import format_expr
 from .filters import candidate_filter
 from .navigation import IdentityMemo, enclosing_loops
+from .inputbounds import DTYPE_MAX, FALLBACK_INPUT_BOUND, FLOAT_INPUT_BOUND, INT_INPUT_BOUND, linear_form
 from .primitives import EqRef, get_item
-
-#: bound on |x| of a floating point input, param or constant under the verifier's draws
-FLOAT_INPUT_BOUND = 5.0
-#: bound on |x| of an integer input (random draws are in [-8, 8]; index tensors stay below
-#: a dimension, covered by the largest dimension of the signature, see :func:`tensor_bounds`)
-INT_INPUT_BOUND = 9.0
-#: largest finite value per LEIR dtype code (IEEE 754 binary16/32/64, bfloat16)
-DTYPE_MAX = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38,
-             "f64": 1.7976931348623157e308}
 
 #: the bound "unknown" (see the module docstring)
 UNKNOWN = math.nan
@@ -219,7 +223,31 @@ def _accumulation(eq: A.Assign) -> tuple[str, A.Expr] | None:
 
 
 def _analyse(module) -> tuple[dict[str, float], frozenset]:
-    """(bounds, non-negative tensors) of :func:`tensor_bounds`, in one pass."""
+    """(bounds, non-negative tensors) of :func:`tensor_bounds`: at :data:`FLOAT_INPUT_BOUND`,
+    or at :data:`FALLBACK_INPUT_BOUND` where an output's bound then exceeds its dtype's
+    largest value (the verifier's large trial falls back to its smaller scale where the
+    original's outputs are not finite)."""
+    out = _analyse_at(module, FLOAT_INPUT_BOUND)
+    bounds = out[0]
+    for t in module.signature.tensors:
+        if t.is_output and bounds.get(t.name, 0.0) > DTYPE_MAX.get(t.dtype, math.inf):
+            return _analyse_at(module, FALLBACK_INPUT_BOUND)
+    return out
+
+
+def input_bound(module) -> float:
+    """The bound on ``|x|`` of a floating point input that :func:`tensor_bounds` uses for
+    ``module``: :data:`FLOAT_INPUT_BOUND`, or :data:`FALLBACK_INPUT_BOUND` where the
+    program's outputs may overflow at the former."""
+    bounds = tensor_bounds(module)
+    for t in module.signature.tensors:
+        if not t.is_output and t.dtype.startswith(("f", "bf")):
+            return bounds[t.name]
+    return FLOAT_INPUT_BOUND
+
+
+def _analyse_at(module, float_input: float) -> tuple[dict[str, float], frozenset]:
+    """(bounds, non-negative tensors) with floating point inputs bounded by ``float_input``."""
     sig = module.signature
     largest_dim = max((d for t in sig.tensors for d in t.shape), default=1)
     bounds: dict[str, float] = {}
@@ -229,7 +257,7 @@ def _analyse(module) -> tuple[dict[str, float], frozenset]:
         if t.is_output:
             continue
         floating = t.dtype.startswith(("f", "bf"))
-        bounds[t.name] = FLOAT_INPUT_BOUND if floating else max(INT_INPUT_BOUND, float(largest_dim))
+        bounds[t.name] = float_input if floating else max(INT_INPUT_BOUND, float(largest_dim))
     for loops, eq in module.program.equations():
         x = eq.target
         extents = {l.var: l.extent for l in loops}
@@ -296,7 +324,43 @@ def introduces_overflow(module, loops: tuple[A.Loop, ...], dtype: str, old: A.Ex
     bounds, nonneg = _analysis(module)
     extents = {l.var: l.extent for l in loops}
     seen = _SUBTERMS.get((old,), lambda: frozenset(A.walk(old)))
-    return any(expr_bound(t, bounds, extents, nonneg) > limit for t in A.walk(new) if t not in seen)
+    same: set | None = None
+    for t in A.walk(new):
+        if t in seen or not expr_bound(t, bounds, extents, nonneg) > limit:
+            continue
+        if same is None:
+            same = {k for k in map(_exp_product_key, A.walk(old)) if k is not None}
+        if _exp_product_key(t) not in same:
+            return True
+    return False
+
+
+def _exp_product_key(e: A.Expr):
+    """A key equal for two products with ``exp`` factors that are equal in real numbers
+    because their non-``exp`` factors are the same and their exponents sum to the same
+    linear combination (``exp(a)*exp(b)`` and ``exp(a+b)``; ``w*exp(2a)*exp(w)`` and
+    ``exp(2a+w)*w``); None for anything else. Such a new product overflows exactly where
+    the old one does (up to rounding), which is the original's business."""
+
+    items: list[A.Expr] = []
+
+    def rec(x):
+        if isinstance(x, A.BinOp) and x.op == "*":
+            rec(x.lhs)
+            rec(x.rhs)
+        else:
+            items.append(x)
+
+    rec(e)
+    exps = [x.args[0] for x in items if isinstance(x, A.Call) and x.func == "exp"]
+    if not exps:
+        return None
+    others = sorted(format_expr(x) for x in items if not (isinstance(x, A.Call) and x.func == "exp"))
+    total = exps[0]
+    for u in exps[1:]:
+        total = A.BinOp("+", total, u)
+    terms, const = linear_form(total)
+    return tuple(others), tuple(sorted((format_expr(x), k) for x, k in terms.items())), const
 
 
 @candidate_filter("no_overflow", required=("terms",))
@@ -318,6 +382,6 @@ def filter_no_overflow(module, env, terms):
     return True
 
 
-__all__ = ["UNKNOWN", "FLOAT_INPUT_BOUND", "INT_INPUT_BOUND", "DTYPE_MAX", "expr_bound", "is_nonneg",
-           "positive_lower_bound", "tensor_bounds", "introduces_overflow",
+__all__ = ["UNKNOWN", "FLOAT_INPUT_BOUND", "FALLBACK_INPUT_BOUND", "INT_INPUT_BOUND", "input_bound", "DTYPE_MAX",
+           "expr_bound", "is_nonneg", "positive_lower_bound", "tensor_bounds", "introduces_overflow",
            "filter_no_overflow"]

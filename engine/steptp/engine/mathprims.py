@@ -27,7 +27,11 @@ sympy is imported on first use, so importing :mod:`steptp.engine` stays fast.
   ``reusable_terms: ?site`` with ``identity`` (existing values a split may introduce:
   outputs of earlier sibling nests with the same loops, read at their written subscript,
   and guarded previous elements ``if_then_else(k<1, identity, T_{..,k-1})`` of the site's
-  tensor accesses; see :func:`reusable_terms`).
+  tensor accesses; see :func:`reusable_terms`; which are safe is the rule's ``filter:
+  provably``, :mod:`steptp.engine.signs`).
+* ``safe_operands: true`` (filter) - the normal form adds or removes no division, ``log``,
+  ``sqrt`` or negative/fractional power of an operand the sign analysis does not prove safe
+  (:func:`steptp.engine.signs.unsafe_operands`, the symbolic check's floating-point gate).
 """
 
 from __future__ import annotations
@@ -146,8 +150,9 @@ def _arg_domain(function: str, target: A.Expr) -> list:
 
 
 @candidate_filter("normal_form", required=("function",), optional=("arg", "distinct_from", "look_through",
-                                                                  "no_overflow"))
-def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_through=False, no_overflow=False):
+                                                                  "no_overflow", "safe_operands"))
+def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_through=False, no_overflow=False,
+                       safe_operands=False):
     """Accept the site when the sympy normal form ``function`` (``factor``, ``expand``,
     ``cancel``, ``expand_cancel``, ``apart``, ``together``, ``powsimp``, ``expand_powsimp``,
     ``collect``, ``distribute``; in the variable ``arg`` for ``apart``/``collect``/``distribute``)
@@ -156,7 +161,12 @@ def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_t
     the transformation). ``look_through: true``: the target seen through producer nests (reads of
     element-wise intermediates replaced by their definitions). ``no_overflow: true``: the normal
     form must also not introduce a subterm that may overflow the equation's dtype
-    (:func:`steptp.engine.magnitude.introduces_overflow`)."""
+    (:func:`steptp.engine.magnitude.introduces_overflow`). ``safe_operands: true``: the normal
+    form must neither add nor remove a division, ``log``, ``sqrt`` or negative/fractional
+    power of an operand that the sign analysis does not prove safe at the site
+    (:func:`steptp.engine.signs.unsafe_operands`: ``cancel`` turning ``x*y/y`` into ``x``
+    changes the nan of ``y = 0`` into a number; ``together`` over ``exp(2a)+1`` divides by
+    ``inf``), so that what the rule proposes the symbolic check can prove in floating point."""
     from . import algebra as G
     from .magnitude import introduces_overflow
 
@@ -178,6 +188,11 @@ def filter_normal_form(module, env, function, arg=None, distinct_from=(), look_t
     if no_overflow and isinstance(env.get("eq"), EqRef) and \
             introduces_overflow(module, enclosing_loops(module.program, env["eq"].path), eq.target.dtype, target, res):
         return False
+    if safe_operands and isinstance(env.get("eq"), EqRef):
+        from .signs import site_judge, unsafe_operands
+
+        if unsafe_operands(target, res, site_judge(module.program, env["eq"].path, module.signature)):
+            return False
     return True
 
 
@@ -354,7 +369,11 @@ def reusable_terms(module, env: dict, term: A.Expr, identity: float, avoid=()) -
     ``avoid`` are never used (floating-point honesty, chosen by the rule: ``[max, min, abs,
     if_then_else, tanh, erf, exp]`` keeps values that can be exactly zero - clamps, masks,
     saturated tanh/erf, underflowed exp - out of a divisor; ``[exp]`` keeps values that may
-    be huge out of an exponent).
+    be huge out of an exponent). ``avoid`` is a coarse first cut: inputs may be exactly 0
+    and as large as 64, so which of the remaining values is safe for the rule's rewrite is
+    decided by the sign analysis, the rule's ``filter: provably``
+    (:mod:`steptp.engine.signs`: ``multiplicative_split`` divides only by a provably
+    non-zero, finite ``c``; design.md §8).
 
     The site must lie in a floating-point equation, must not be or contain the equation's
     target (the accumulator of ``X = X + f`` or ``X = max(X, f)``), and must not occur inside

@@ -109,7 +109,7 @@ def run_rule_test(rule: Rule, test: RuleTest, verify: bool = False, update: bool
     if rule.category == "math":
         from ..engine.algebra import symbolic_check_programs
 
-        out.symbolic = symbolic_check_programs(before.program, step.after.program)
+        out.symbolic = symbolic_check_programs(before.program, step.after.program, before.signature)
         if out.symbolic == "disproved":
             out.ok = False
             out.message = "the symbolic check disproves the rewrite (before - after is not zero)"
