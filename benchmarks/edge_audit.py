@@ -1,7 +1,7 @@
 """Audit a data set against what its labels promise, and time verification with and without
 the edge-case trials (issue 50; figures, no assertions).
 
-    python benchmarks/edge_audit.py OUTDIR [--limit N] [--json FILE]
+    python benchmarks/edge_audit.py OUTDIR [--limit N] [--every N] [--json FILE]
 
 OUTDIR: an ``stp dataset`` output directory (``dictionary.jsonl``). For every entry it
 re-verifies ``transformed`` against ``original`` (:func:`steptp.verify.verify_pair`, in
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--limit", type=int, default=0, help="audit the first N entries only")
+    ap.add_argument("--every", type=int, default=1, help="audit every N-th entry (a systematic sample)")
     ap.add_argument("--json", type=Path, help="write the figures as JSON too")
     args = ap.parse_args(argv)
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = (args.outdir / "dictionary.jsonl").read_text(encoding="utf-8").splitlines()
     entries = [json.loads(x) for x in lines if x.strip()]
+    entries = entries[:: max(1, args.every)]
     if args.limit:
         entries = entries[: args.limit]
     if not entries:

@@ -64,6 +64,13 @@ def test_report_command_writes_markdown_and_plots(run_dir):
         _image_ok(png)
     by_strategy = json.loads((run_dir / "report.json").read_text())["by_strategy"]
     assert stats["composition"]["before"]["strategy"] == by_strategy
+    # issue 50: every entry carries the figures its reason states, and no reason claims an
+    # effect its figures contradict
+    assert all(e["figures"]["target"] and "static_ns" in e["figures"] for e in entries)
+    claims = stats["reason_claims"]
+    assert claims == {"checked": len(entries), "contradicted": 0, "examples": []}
+    assert json.loads((run_dir / "report.json").read_text())["reason_claims"] == claims
+    assert f"Reason claims contradicted by the step's figures (design.md §8): 0 of {len(entries)}" in md
 
 
 def test_token_table_counts_the_same_programs_with_qwen(run_dir):

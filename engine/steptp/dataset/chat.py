@@ -117,7 +117,7 @@ def token_counter() -> tuple[Callable[[Sequence[str]], list[int]], str]:
     special tokens), or, where it or ``tokenizers`` is not installed, the character estimate
     :data:`CHARS_PER_TOKEN_ESTIMATE`. Loaded once per process."""
     try:
-        from .report import load_token_counter
+        from .tokens import load_token_counter
 
         return load_token_counter()
     except RuntimeError:

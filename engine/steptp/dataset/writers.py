@@ -10,7 +10,7 @@ from ..io import read_jsonl
 
 
 def to_parquet(jsonl_path: str | Path, parquet_path: str | Path,
-               json_columns: tuple[str, ...] = ("params", "site", "original_verification")) -> int:
+               json_columns: tuple[str, ...] = ("params", "site", "original_verification", "figures")) -> int:
     """Convert a JSONL file to Parquet (needs ``pyarrow``: ``pip install steptp[parquet]``).
 
     Nested fields are kept as structs/lists, except ``json_columns`` whose shape differs

@@ -97,7 +97,9 @@ class Step:
     ``before``/``after`` are :class:`~steptp.leir.fileformat.LeirModule` (same
     signature); ``site`` the :class:`~steptp.engine.match.Site`; ``params`` the
     parameter values (JSON-friendly: ints, strings, tuples); ``cot`` the rendered chain
-    of thought; ``changes`` the primitive log; ``bindings`` every binding used.
+    of thought; ``changes`` the primitive log; ``bindings`` every binding used; ``figures``
+    the step's figures (:func:`steptp.engine.figures.step_figures`, JSON-ready), the ones its
+    CoT states.
     """
 
     rule: Any
@@ -109,6 +111,7 @@ class Step:
     changes: tuple[Change, ...] = ()
     bindings: dict = field(default_factory=dict)
     seed: int = 0
+    figures: dict = field(default_factory=dict)
 
     @property
     def site_description(self) -> str:
@@ -521,10 +524,12 @@ def _apply_once(rule, module: LeirModule, seed: int, site, params: dict | None) 
                                 f"preflight: {'; '.join(probs)}", probs)
 
     from .cot import render_cot
+    from .figures import step_figures
 
-    cot = render_cot(rule, module, after, chosen, chosen_params, env, ctx.changes)
+    figures = step_figures(module, after)
+    cot = render_cot(rule, module, after, chosen, chosen_params, env, ctx.changes, figures)
     return Step(rule=rule, before=module, after=after, site=chosen, params=chosen_params, cot=cot,
-                changes=tuple(ctx.changes), bindings=env, seed=seed)
+                changes=tuple(ctx.changes), bindings=env, seed=seed, figures=figures)
 
 
 __all__ = ["NoMatch", "PreflightRejected", "Step", "list_candidates", "checked_candidates", "apply_rule", "site_nests",

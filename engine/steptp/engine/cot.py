@@ -22,6 +22,19 @@ Context variables (all strings unless noted):
   ``tensor_after``, ``occurrences``, ``scope_before``/``scope_after`` (tensor), ``substitutions`` (list of
   ``{index, expr}``), ``fresh`` / ``let`` (dicts: the rule's fresh names and let values as
   LEIR text).
+* the step's figures (design.md §8, :mod:`steptp.engine.figures`): ``figures`` (dict: each
+  figure as ``[before, after]``, see :func:`~steptp.engine.figures.step_figures`),
+  ``figures_text`` (the changed figures, ``threads per launch 8 → 4; ...``, empty when none
+  changed), ``figures_scope`` (what they are counted over, ``the kernel it changes``),
+  ``effects`` (list of sentences: the effects the figures show, and the cost of a step that
+  pays now for a later one), ``unchanged_text`` (the main figures of a step that changes none,
+  ``threads per launch 4 → 4; ...``), ``no_figures_text`` (the sentence for a step that changes no
+  counted figure); with a nest site also ``read_reuse`` (dict tensor -> reads per element, for
+  the global tensors the nest reads more than once) and ``reuse_exact`` (whether a tensor not
+  in it is read once per element).
+
+Every shipped template ends with ``{% include "_figures.j2" %}``, the instance part's
+figures; a template that does not include it gets that text appended by :func:`render_cot`.
 """
 
 from __future__ import annotations
@@ -106,9 +119,15 @@ def _fmt_param(v) -> str:
 
 
 def cot_context(rule, before: LeirModule, after: LeirModule, site: Site, params: dict, env: dict,
-                changes: list[Change]) -> dict:
-    """The Jinja context for one step (see the module docstring)."""
+                changes: list[Change], figures: dict | None = None) -> dict:
+    """The Jinja context for one step (see the module docstring); ``figures``: the step's
+    :func:`~steptp.engine.figures.step_figures`, computed here when not given."""
+    from .figures import (NO_FIGURE_SENTENCE, figure_effects, figures_scope, read_reuse, render_figures,
+                          render_unchanged, step_figures)
+
     bp, ap = before.program, after.program
+    if figures is None:
+        figures = step_figures(before, after)
     rem, add = _nest_diff(bp, ap)
     ctx: dict = {
         "strategy": rule.name, "strategy_id": rule.id, "category": rule.category, "description": rule.description,
@@ -123,6 +142,9 @@ def cot_context(rule, before: LeirModule, after: LeirModule, site: Site, params:
         "substitutions": [{"index": c.before, "expr": c.after} for c in changes if c.kind == "substitute"],
         "fresh": {k: display(env[k]) for k in getattr(rule, "fresh", {}) if k in env},
         "let": {k: display(env[k]) for k in getattr(rule, "let", {}) if k in env},
+        "figures": figures, "figures_text": render_figures(figures), "figures_scope": figures_scope(figures),
+        "effects": figure_effects(figures), "no_figures_text": NO_FIGURE_SENTENCE,
+        "unchanged_text": render_unchanged(figures),
     }
     if site.equation is not None:
         eb = get_item(bp, site.equation)
@@ -141,6 +163,7 @@ def cot_context(rule, before: LeirModule, after: LeirModule, site: Site, params:
         ctx["loops_before"], ctx["loops_after"] = format_loops(nb.loops), format_loops(na.loops) if na else ""
         if site.loop is not None:
             ctx["loop_before"] = format_loops((nb.loops[site.loop],))
+        ctx["read_reuse"], ctx["reuse_exact"] = read_reuse(nb)
     if site.nests:
         ctx["nests_before"] = [format_nest(get_item(bp, p)) for p in site.nests]
         ctx["shared_loops"] = format_loops(get_item(bp, site.nests[0]).loops)
@@ -170,13 +193,29 @@ def format_nest_list(p: A.Program) -> str:
     return "".join(format_nest(n) for n in p.nests)
 
 
-def render_cot(rule, before: LeirModule, after: LeirModule, site: Site, params: dict, env: dict,
-               changes: list[Change]) -> str:
-    """Render the rule's CoT template for one step; whitespace is normalised to single
-    spaces within lines and blank lines are dropped."""
-    text = _template(rule).render(**cot_context(rule, before, after, site, params, env, changes))
+def _normalise(text: str) -> list[str]:
     lines = [" ".join(l.split()) for l in text.splitlines()]
-    return "\n".join(l for l in lines if l)
+    return [l for l in lines if l]
+
+
+#: The shared partial that states a step's figures (the instance part's last lines).
+FIGURES_PARTIAL = "_figures.j2"
+
+
+def render_cot(rule, before: LeirModule, after: LeirModule, site: Site, params: dict, env: dict,
+               changes: list[Change], figures: dict | None = None) -> str:
+    """Render the rule's CoT template for one step; whitespace is normalised to single
+    spaces within lines and blank lines are dropped. ``figures``: the step's
+    :func:`~steptp.engine.figures.step_figures` (computed when not given). When the template
+    does not include :data:`FIGURES_PARTIAL`, its rendering is appended, so every reason
+    states the figures of its step (design.md §8)."""
+    ctx = cot_context(rule, before, after, site, params, env, changes, figures)
+    tpl = _template(rule)
+    lines = _normalise(tpl.render(**ctx))
+    tail = _normalise(tpl.environment.get_template(FIGURES_PARTIAL).render(**ctx))
+    if tail and "\n".join(tail) not in "\n".join(lines):
+        lines += tail
+    return "\n".join(lines)
 
 
 __all__ = ["cot_context", "render_cot", "check_template"]
