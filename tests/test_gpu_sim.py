@@ -243,7 +243,7 @@ def test_pack_run_runtime_only_then_merge(sim, tmp_path):
     assert not (pack / "data").exists() and not list(pack.rglob("*.npz"))
     (prog,) = m["programs"].values()
     assert prog["reference"]["func"].startswith("r") and (pack / prog["reference"]["lib"] / "kernel.so").is_file()
-    assert len(prog["outputs_sha1"]) == len(prog["inputs_sha1"]) == 5
+    assert len(prog["outputs_sha1"]) == len(prog["inputs_sha1"]) == 9  # 3 random + 2 ordered + 4 edge-case
     assert (pack / prog["torch"]["file"]).read_text() == (EXAMPLES / "softmax.py").read_text()
 
     base = getattr(sys, "_base_executable", sys.executable)

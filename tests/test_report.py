@@ -68,7 +68,7 @@ def test_report_command_writes_markdown_and_plots(run_dir):
     # effect its figures contradict
     assert all(e["figures"]["target"] and "static_ns" in e["figures"] for e in entries)
     claims = stats["reason_claims"]
-    assert claims == {"checked": len(entries), "contradicted": 0, "examples": []}
+    assert claims == {"checked": len(entries), "contradicted": 0, "without_figure": 0, "examples": []}
     assert json.loads((run_dir / "report.json").read_text())["reason_claims"] == claims
     assert f"Reason claims contradicted by the step's figures (design.md §8): 0 of {len(entries)}" in md
 

@@ -621,10 +621,28 @@ class Judge:
             return ANY
         if isinstance(e, A.Call):
             if e.func == "if_then_else":
+                known = self._decide(e.args[0])
+                if known is not None:  # a dead branch says nothing (softplus's x > 20 on tanh(x))
+                    return self.range(e.args[1] if known else e.args[2])
                 a, b = self.range(e.args[1]), self.range(e.args[2])
                 return _hull(a, b)
             return _fn(e.func, [self.range(x) for x in e.args])
         return ANY
+
+    def _decide(self, cond: A.Expr) -> bool | None:
+        """True/False when the comparison ``cond`` (``<``, ``<=``, ``>``, ``>=`` of two value
+        expressions) holds for every / no value of its operands' ranges, else None."""
+        if not isinstance(cond, A.Compare) or cond.op not in ("<", "<=", ">", ">="):
+            return None
+        a, b = self.range(cond.lhs), self.range(cond.rhs)
+        if cond.op in (">", ">="):
+            a, b = b, a  # x > y is y < x
+        strict = cond.op in ("<", ">")
+        if (a.hi < b.lo) or (not strict and a.hi <= b.lo):
+            return True
+        if (a.lo > b.hi) or (strict and a.lo >= b.hi):
+            return False
+        return None
 
     def _linear_range(self, e: A.Expr) -> Range:
         """The range of a sum/difference/negation as a linear combination of its other

@@ -317,9 +317,12 @@ def _grouped_reduce(b: _Builder, x: None) -> _Var:
     return b.assign(f"torch.{fn}({xa.name}.view({view}), dim=({r}, {r + 1}))", lead)
 
 
-#: positive element-wise factors (log of their product is the sum of their logs everywhere)
-_POS_FACTORS = {"sigmoid": "torch.sigmoid({x})", "exp": "torch.exp({x})", "softplus": "F.softplus({x})",
-                "square1": "({x} * {x} + 1.0)"}
+#: positive element-wise factors, bounded away from 0 and from overflow for every input (so the
+#: log of their product is the sum of their logs in floating point too, and provably so:
+#: steptp.engine.signs; a bare exp(x) or sigmoid(x) underflows to 0 or overflows at the
+#: verifier's large-magnitude inputs, design.md §8)
+_POS_FACTORS = {"sigmoid": "(torch.sigmoid({x}) + 1.0)", "exp": "torch.exp(torch.tanh({x}))",
+                "softplus": "(F.softplus(torch.tanh({x})) + 1.0)", "square1": "({x} * {x} + 1.0)"}
 
 
 def _log_product(b: _Builder, x: None, *, form: str) -> _Var:
