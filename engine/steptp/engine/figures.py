@@ -227,21 +227,17 @@ def _combine(kernels: list[dict]) -> dict:
 def _nest_diff(before: A.Program, after: A.Program) -> tuple[list[int], list[int]]:
     """Indices of the top-level nests only in ``before`` / only in ``after`` (multiset
     difference by value, program order)."""
-    left = Counter(after.nests)
-    only_b = []
-    for i, n in enumerate(before.nests):
-        if left[n] > 0:
-            left[n] -= 1
-        else:
-            only_b.append(i)
-    left = Counter(before.nests)
-    only_a = []
-    for i, n in enumerate(after.nests):
-        if left[n] > 0:
-            left[n] -= 1
-        else:
-            only_a.append(i)
-    return only_b, only_a
+    def only(xs, ys) -> list[int]:
+        left = Counter(ys)
+        out = []
+        for i, n in enumerate(xs):
+            if left[n] > 0:
+                left[n] -= 1
+            else:
+                out.append(i)
+        return out
+
+    return only(before.nests, after.nests), only(after.nests, before.nests)
 
 
 def output_elements(module: LeirModule) -> int:
