@@ -9,7 +9,7 @@ Exit codes: 0 success, 1 a check failed (verification, no match), 2 bad input.
 |---|---|
 | ``program`` | parse, lower, translate |
 | ``steps`` | apply, verify |
-| ``data`` | dataset, corpus, report |
+| ``data`` | dataset, corpus, report, split |
 | ``rules`` | rules list / lint / coverage / test |
 | ``eval`` | eval, testset |
 | ``timing`` | time, doctor |

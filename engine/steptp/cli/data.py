@@ -1,4 +1,5 @@
-"""``stp dataset``, ``stp corpus`` and ``stp report``: many programs in, dataset files and their report out."""
+"""``stp dataset``, ``stp corpus``, ``stp report`` and ``stp split``: many programs in, dataset files, their
+report and a held-out train/test split out."""
 
 from __future__ import annotations
 
@@ -210,3 +211,44 @@ def report(outdir: Path = typer.Argument(..., help="Output directory of `stp dat
     except (ReportError, ValueError) as e:
         fail(str(e))
     typer.echo(text, nl=False)
+
+
+@app.command()
+def split(dataset: Path = typer.Argument(..., help="Output directory of `stp dataset` (its chat sets are split)."),
+          outdir: Path = typer.Option(..., "-o", "--out",
+                                      help="Directory for train.jsonl, test.jsonl, testset/, split.json and "
+                                           "README.md; must not exist or be empty."),
+          seed: int = typer.Option(..., "--seed", help="Seed of the choice of held-out program types."),
+          test_fraction: float = typer.Option(0.1, "--test-fraction",
+                                              help="Share of the chat records to hold out (whole program types), "
+                                                   "between 0 and 1."),
+          variants: int = typer.Option(3, "--variants", min=1,
+                                       help="Variants (dtype / shape) per held-out program in testset/, as stp "
+                                            "testset."),
+          quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
+    """Split a dataset's chat records into train and test by holding out whole program types.
+
+    A seeded choice of program types (the stp corpus type, else the program's name) whose records are
+    about --test-fraction of all goes to test.jsonl, the rest to train.jsonl (single- and multi-answer
+    records together, meta.kind says which); testset/ holds the held-out programs' evaluation cases
+    (stp testset's format). Before anything is written a leak check makes sure that no test program type,
+    no test prompt and no program alpha-equivalent to a test program occurs in train (a leaking type is
+    moved to test); split.json and the data set card README.md report it. Exit 2 for bad input (not a
+    dataset, an empty one, a fraction outside (0, 1), a non-empty OUT), 1 if a leak remained."""
+    from ..dataset.split import LeakError, SplitError, make_split
+
+    try:
+        s = make_split(dataset, outdir, seed=seed, test_fraction=test_fraction, variants=variants,
+                       progress=not quiet)
+    except LeakError as e:
+        fail(str(e), 1)
+    except SplitError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{e.filename or outdir}: {e.strerror or e}")
+    lk = s["leak_check"]
+    typer.echo(json.dumps({"records": s["records"], "held_out_types": s["held_out_types"],
+                           "moved_types": [m["type"] for m in s["moved_types"]],
+                           "leaks": {k: lk[k] for k in ("types", "prompts", "alpha_equivalent_programs",
+                                                        "testset_cases")},
+                           "testset_cases": s["testset"]["cases"]}, indent=2))

@@ -149,10 +149,17 @@ def _meta(kind: str, entries: list[dict]) -> dict:
     """The ``meta`` of a chat record, one schema for both sets (so that
     ``datasets.load_dataset("json", data_files={"single": ..., "multi": ...})`` loads them
     into one ``DatasetDict``): ``kind``, and per answer, in order, ``entry_ids`` (dictionary
-    entry ids), ``strategies`` (rule ids) and ``levels`` (difficulty levels)."""
+    entry ids), ``strategies`` (rule ids) and ``levels`` (difficulty levels); and the source
+    program of the record, the one its prompt names (its first entry's), ``program_type`` and
+    ``program_id`` (:func:`steptp.dataset.split.provenance`: the entry's fields, or, for an
+    entry written before they existed, what its source file says)."""
+    from .split import provenance
+
+    ptype, pid = provenance(entries[0])
     return {"kind": kind, "entry_ids": [e["id"] for e in entries],
             "strategies": [e["strategy"]["id"] for e in entries],
-            "levels": [e["difficulty"]["level"] for e in entries]}
+            "levels": [e["difficulty"]["level"] for e in entries],
+            "program_type": ptype, "program_id": pid}
 
 
 #: Largest model output :func:`parse_answer` reads (characters); longer text is refused.

@@ -145,7 +145,9 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
     """One dictionary entry (design.md §6) for a verified step; ``artifacts`` (from
     :func:`steptp.verify.verify_pair`) hold the GPU TIR and CUDA source already produced.
     ``figures``: the figures the step's CoT states (:func:`steptp.engine.figures.step_figures`,
-    each ``[before, after]``; design.md §8)."""
+    each ``[before, after]``; design.md §8). ``program_type`` / ``program_id``: the source
+    program's type (:func:`steptp.dataset.split.program_type`) and content key, the same for
+    every round of the program (``stp split`` holds out whole types)."""
     after_text = format_program(step.after.program)
     art = artifacts or {}
     if opts.with_cuda and "tir_cuda" in art and "cuda" in art:
@@ -159,10 +161,16 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         from ..engine.figures import step_figures
 
         figures = step_figures(module, step.after)
+    from .split import program_type  # the held-out split's unit (issue 51)
+
     return {
         "id": entry_id(original["leir"], after_text, rule.id),
         "program": module.signature.name,
         "source": str(src.path),
+        # the source program: its corpus type (header) or name, and its content key (the
+        # Source key, the SHA256 of its bytes); derived originals carry their source's
+        "program_type": program_type(src.path, module.signature.name, src.key),
+        "program_id": src.key,
         "signature": _signature_dict(module),
         "strategy": {"id": rule.id, "name": rule.name, "category": rule.category},
         "difficulty": {"K": d["K"], "P": d["P"], "S": d["S"], "score": rule.score, "level": rule.level},
