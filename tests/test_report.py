@@ -89,6 +89,15 @@ def test_token_table_counts_the_same_programs_with_qwen(run_dir):
     assert tok["stats"]["leir"]["mean"] < tok["stats"]["tir"]["mean"] < tok["stats"]["cuda"]["mean"]
     md = (run_dir / "report.md").read_text() if (run_dir / "report.md").exists() else build_report(run_dir)[0]
     assert f"| LEIR | {tok['stats']['leir']['mean']} |" in md
+    # issue 51: rows per dtype, and LEIR's reduction against each form beside the paper's
+    by = tok["by_dtype"]
+    assert sum(v["programs"] for v in by.values()) == tok["programs"] and set(by) <= {"f16", "f32", "f64", "bf16"}
+    for d, v in by.items():
+        mine = [i for i, p in enumerate(p for p in progs) if p["dtype"] == d]
+        assert v["mean"]["leir"] == pytest.approx(sum(leir[i] for i in mine) / len(mine), abs=0.05)
+        assert v["leir_reduction_pct"]["tir"] == pytest.approx(100 * (1 - v["mean"]["leir"] / v["mean"]["tir"]), abs=0.1)
+    assert 0 < tok["leir_reduction_pct"]["tir"] < tok["leir_reduction_pct"]["cuda"] < 100
+    assert "| paper (§4.2) | - | 499.3 | 1244.2 | 2897.3 | 59.9 % | 82.8 % |" in md
 
 
 def test_report_on_an_interrupted_run(run_dir, tmp_path):

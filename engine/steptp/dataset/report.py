@@ -209,11 +209,23 @@ def program_texts(entries: list[dict]) -> list[dict]:
     CUDA text when the entry stored them: ``[{"leir", "tir", "cuda"}]`` in first-seen order."""
     seen: dict[str, dict] = {}
     for e in entries:
+        dtype = program_dtype(e.get("signature") or {})
         for side in ("original", "transformed"):
             p = e.get(side) or {}
             if p.get("leir") and p["leir"] not in seen:
-                seen[p["leir"]] = {"leir": p["leir"], "tir": p.get("tir"), "cuda": p.get("cuda")}
+                seen[p["leir"]] = {"leir": p["leir"], "tir": p.get("tir"), "cuda": p.get("cuda"), "dtype": dtype}
     return list(seen.values())
+
+
+def program_dtype(signature: dict) -> str:
+    """The floating point dtype of a program (the widest float dtype among its signature's
+    tensors: ``f64`` over ``f32`` over ``f16``/``bf16``), else its first tensor's dtype, else
+    ``?``: the row a program counts in by dtype (paper §3.1: f16, f32, f64 programs)."""
+    dts = [t.get("dtype") for t in signature.get("tensors", ()) if t.get("dtype")]
+    for d in ("f64", "f32", "f16", "bf16"):
+        if d in dts:
+            return d
+    return dts[0] if dts else "?"
 
 
 def token_stats(entries: list[dict], counter: Callable[[Sequence[str]], list[int]]) -> dict:
@@ -222,7 +234,9 @@ def token_stats(entries: list[dict], counter: Callable[[Sequence[str]], list[int
     Programs are those of :func:`program_texts` that have all the representations the run
     stored (LEIR+TIR+CUDA, or LEIR+TIR for a ``--no-cuda`` run), so every column covers the
     same programs. Returns ``{"programs": n, "forms": [...], "stats": {form: {mean, median,
-    max, total}}, "ratio_vs_leir": {form: x}}``."""
+    max, total}}, "ratio_vs_leir": {form: x}, "leir_reduction_pct": {form: %}, "by_dtype":
+    {dtype: {programs, mean: {form: tokens}, leir_reduction_pct: {form: %}}}}`` (a program's
+    dtype: :func:`program_dtype`)."""
     progs = program_texts(entries)
     forms = ["leir", "tir", "cuda"] if any(p["cuda"] for p in progs) else ["leir", "tir"]
     same = [p for p in progs if all(p.get(f) for f in forms)]
@@ -234,9 +248,22 @@ def token_stats(entries: list[dict], counter: Callable[[Sequence[str]], list[int
                     "median": float(statistics.median(c)) if c else 0.0,
                     "max": max(c) if c else 0, "total": sum(c)}
     base = stats["leir"]["mean"]
+    by_dtype: dict[str, dict] = {}
+    for d in sorted({p["dtype"] for p in same}):
+        idx = [i for i, p in enumerate(same) if p["dtype"] == d]
+        means = {f: round(statistics.fmean([counts[f][i] for i in idx]), 1) for f in forms}
+        by_dtype[d] = {"programs": len(idx), "mean": means,
+                       "leir_reduction_pct": {f: _reduction(means["leir"], means[f]) for f in forms if f != "leir"}}
     return {"programs": len(same), "programs_all": len(progs), "forms": forms, "stats": stats,
             "ratio_vs_leir": {f: round(stats[f]["mean"] / base, 2) if base else None for f in forms},
-            "counts": counts}
+            "leir_reduction_pct": {f: _reduction(base, stats[f]["mean"]) for f in forms if f != "leir"},
+            "by_dtype": by_dtype, "counts": counts}
+
+
+def _reduction(leir: float, other: float) -> float | None:
+    """How much shorter LEIR is than another form, in percent of the other: ``100 * (1 -
+    leir / other)`` (paper §4.2: 499.3 LEIR tokens against 1,244.2 TIR is 59.9 %)."""
+    return round(100.0 * (1.0 - leir / other), 1) if other else None
 
 
 # ---------------------------------------------------------------------------
@@ -605,6 +632,18 @@ def build_report(outdir: str | Path, plots: bool = True, tokenizer: str | Path |
         md += [f"{tok['programs']} distinct programs (originals and transformed) with "
                + " + ".join(f.upper() for f in tok["forms"]) + " texts.", "",
                _table(["form", "mean tokens", "median", "max", "mean vs LEIR", "paper mean"], rows), ""]
+        others = [f for f in tok["forms"] if f != "leir"]
+        paper_red = {f: _reduction(PAPER["tokens_mean"]["leir"], PAPER["tokens_mean"][f]) for f in others}
+        head = ["dtype", "programs"] + [f"mean {f.upper()}" for f in tok["forms"]] + \
+               [f"LEIR shorter than {f.upper()}" for f in others]
+        drows = [[d, v["programs"], *[v["mean"][f] for f in tok["forms"]],
+                  *[f"{v['leir_reduction_pct'][f]} %" for f in others]] for d, v in tok.get("by_dtype", {}).items()]
+        drows.append(["all", tok["programs"], *[tok["stats"][f]["mean"] for f in tok["forms"]],
+                      *[f"{tok['leir_reduction_pct'][f]} %" for f in others]])
+        drows.append(["paper (§4.2)", "-", *[PAPER["tokens_mean"].get(f, "-") for f in tok["forms"]],
+                      *[f"{paper_red[f]} %" for f in others]])
+        md += ["Per dtype (a program counts under its widest float dtype), and how much shorter LEIR is "
+               "than each form (100 × (1 − LEIR / form)):", "", _table(head, drows), ""]
         if "tokens" in files:
             md += [f"![tokens]({files['tokens']})", ""]
     elif tok is not None:
@@ -669,4 +708,4 @@ def _claims_section(claims: dict) -> list[str]:
 
 
 __all__ = ["ReportError", "qwen_tokenizer_path", "load_token_counter", "load_run", "stage_of", "reason_key",
-           "pass_rates", "composition", "program_texts", "token_stats", "make_plots", "build_report"]
+           "pass_rates", "composition", "program_texts", "program_dtype", "token_stats", "make_plots", "build_report"]
