@@ -153,7 +153,7 @@ def _meta(kind: str, entries: list[dict]) -> dict:
     program of the record, the one its prompt names (its first entry's), ``program_type`` and
     ``program_id`` (:func:`steptp.dataset.split.provenance`: the entry's fields, or, for an
     entry written before they existed, what its source file says)."""
-    from .split import provenance
+    from .provenance import provenance
 
     ptype, pid = provenance(entries[0])
     return {"kind": kind, "entry_ids": [e["id"] for e in entries],

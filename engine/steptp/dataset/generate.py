@@ -161,7 +161,7 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         from ..engine.figures import step_figures
 
         figures = step_figures(module, step.after)
-    from .split import program_type  # the held-out split's unit (issue 51)
+    from .provenance import program_type  # the held-out split's unit (issue 51)
 
     return {
         "id": entry_id(original["leir"], after_text, rule.id),
