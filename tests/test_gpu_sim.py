@@ -131,9 +131,13 @@ def test_cuda_measurements_start_from_a_flushed_l2(sim, monkeypatch):
                    "L^{1024}_{a=0}V^{2048}_{b=0}[C^{f32,g}_{a,b}=A^{f32,g}_{a,b}*2.0;];\n")
     mod = build_perf_cpu(m).executable.mod
     args = cr.device_args(_params(m), "cpu", {"A": np.ones((1024, 2048), "float32")})
-    warm = statistics.median(ct.time_function(mod, "cuda", args, number=1, repeat=15, flush_bytes=0))
-    cold = statistics.median(ct.time_function(mod, "cuda", args, number=1, repeat=15))  # the default: L2 flushed
-    assert cold > 1.3 * warm, (cold, warm)
+    # the fastest of each (noise from the other test worker only adds time; a median under
+    # load once gave 1.12x), interleaved in three rounds
+    warm, cold = [], []
+    for _ in range(3):
+        warm += ct.time_function(mod, "cuda", args, number=1, repeat=8, flush_bytes=0)
+        cold += ct.time_function(mod, "cuda", args, number=1, repeat=8)  # the default: L2 flushed
+    assert min(cold) > 1.3 * min(warm), (min(cold), min(warm), statistics.median(cold), statistics.median(warm))
 
 
 def test_sticky_fault_costs_one_candidate(sim, monkeypatch, tmp_path):
