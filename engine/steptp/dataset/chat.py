@@ -151,7 +151,7 @@ def _meta(kind: str, entries: list[dict]) -> dict:
     into one ``DatasetDict``): ``kind``, and per answer, in order, ``entry_ids`` (dictionary
     entry ids), ``strategies`` (rule ids) and ``levels`` (difficulty levels); and the source
     program of the record, the one its prompt names (its first entry's), ``program_type`` and
-    ``program_id`` (:func:`steptp.dataset.split.provenance`: the entry's fields, or, for an
+    ``program_id`` (:func:`steptp.dataset.provenance.provenance`: the entry's fields, or, for an
     entry written before they existed, what its source file says)."""
     from .provenance import provenance
 

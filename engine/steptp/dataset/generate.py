@@ -146,7 +146,7 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
     :func:`steptp.verify.verify_pair`) hold the GPU TIR and CUDA source already produced.
     ``figures``: the figures the step's CoT states (:func:`steptp.engine.figures.step_figures`,
     each ``[before, after]``; design.md §8). ``program_type`` / ``program_id``: the source
-    program's type (:func:`steptp.dataset.split.program_type`) and content key, the same for
+    program's type (:func:`steptp.dataset.provenance.program_type`) and content key, the same for
     every round of the program (``stp split`` holds out whole types)."""
     after_text = format_program(step.after.program)
     art = artifacts or {}
