@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     def module(e: dict, side: str):
-        sig = e["original"]["leir"] if side == "original" else e["transformed"]["leir"]
+        text = e["original"]["leir"] if side == "original" else e["transformed"]["leir"]
         hdr = ["% program: " + e["signature"]["name"]]
         for t in e["signature"]["tensors"]:
             hdr.append(f"% {t['role']} {t['name']}: {t['dtype']}[{','.join(map(str, t['shape']))}]")
-        return parse_leir("\n".join(hdr) + "\n" + sig + "\n")
+        return parse_leir("\n".join(hdr) + "\n" + text + "\n")
 
     rejected: dict[str, list[str]] = defaultdict(list)
     per_rule = Counter()

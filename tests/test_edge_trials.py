@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from steptp.dataset.labels import one_label_per_step, program_key, step_key
+from steptp.dataset.labels import one_label_per_step, program_key, step_digest, step_key
 from steptp.leir import parse_leir
 from steptp.runner.inputs import EDGE_TRIALS, LARGE_SCALES, ZERO_FRACTION, TensorSpec, edge_arrays, trial_inputs
 from steptp.verify import reference_data, verify_pair
@@ -132,6 +132,8 @@ def test_dataset_has_one_label_per_step_and_no_step_back_to_the_parent(tmp_path)
     assert entries
     keys = [step_key(e) for e in entries]
     assert len(set(keys)) == len(keys)
+    # the digest written at generation (from the programs in hand) is the one of the texts
+    assert [e["step_key"] for e in entries] == [step_digest(*k) for k in keys]
     by_target = {k[1]: e for k, e in zip(keys, entries)}
     for e, (src, dst) in zip(entries, keys):
         if e.get("derived_from"):

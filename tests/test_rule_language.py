@@ -161,8 +161,12 @@ def test_value_functions_are_defined_once():
     assert not (set(V.LANGUAGE_FUNCTIONS) | set(TL.TILING_FUNCTIONS)) & set(SG.SIGN_FUNCTIONS)
     assert all(fn.__module__ in ("steptp.engine.values", "steptp.engine.tiling", "steptp.engine.signs")
                for _, fn in VALUE_FUNCTIONS.values())
+    from steptp.engine.domains import register_value_functions  # the one registration of all three
+
     with pytest.raises(RuntimeError, match="defined twice: rank_of"):
-        V._register({"rank_of": (1, lambda ctx, x: 0)})
+        register_value_functions({"rank_of": (1, lambda ctx, x: 0)})
+    with pytest.raises(RuntimeError, match="defined twice: provably"):
+        register_value_functions({"provably": (-1, lambda ctx, *a: 0)})
 
 
 def test_gpu_value_functions():

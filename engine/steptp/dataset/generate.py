@@ -49,7 +49,7 @@ from ..leir.fileformat import LeirModule
 from ..leir.printer import format_program
 from ..faults import INTERNAL_ERROR, is_internal_error  # noqa: F401  (re-exported for the dataset modules)
 from ..programs import Source, load
-from .labels import module_key, one_label_per_step
+from .labels import module_key, one_label_per_step, step_digest
 
 
 @dataclass
@@ -180,6 +180,8 @@ def _entry(src: Source, module: LeirModule, original: dict, original_check: dict
         "transformed": transformed,
         "cot": step.cot,
         "figures": figures,
+        # the step's identity up to renaming (labels.step_digest), from the programs in hand
+        "step_key": step_digest(module_key(module), module_key(step.after)),
         "verification": {**res.to_dict(), "nvcc": nvcc_ran, "symbolic": symbolic},
         "original_verification": original_check,
         "seed": opts.seed,

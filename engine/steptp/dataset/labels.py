@@ -24,6 +24,8 @@ see every strategy that gives the step.
 
 from __future__ import annotations
 
+import hashlib
+from functools import lru_cache
 from typing import Iterable
 
 from ..leir.alpha import alpha_normal
@@ -34,8 +36,14 @@ from ..leir.printer import format_program
 def program_key(text: str, known: Iterable[str] = ()) -> str:
     """Canonical LEIR text of program ``text`` up to renaming loop variables and
     intermediate tensors (``known``: the signature's tensor names, kept). Raises
-    :class:`~steptp.leir.parser.LeirSyntaxError` for text that does not parse."""
-    return format_program(alpha_normal(parse_program(text), frozenset(known)))
+    :class:`~steptp.leir.parser.LeirSyntaxError` for text that does not parse. Memoised by
+    (text, known): parsing is ~6 ms a program, and one original heads many entries."""
+    return _program_key(text, frozenset(known))
+
+
+@lru_cache(maxsize=4096)
+def _program_key(text: str, known: frozenset) -> str:
+    return format_program(alpha_normal(parse_program(text), known))
 
 
 def module_key(module) -> str:
@@ -44,15 +52,29 @@ def module_key(module) -> str:
     return format_program(alpha_normal(module.program, frozenset(t.name for t in module.signature.tensors)))
 
 
-def _known(entry: dict) -> frozenset:
+def known_names(entry: dict) -> frozenset:
+    """The tensor names of a dictionary entry's signature (never renamed by :func:`program_key`)."""
     return frozenset(t["name"] for t in entry.get("signature", {}).get("tensors", ()))
 
 
 def step_key(entry: dict) -> tuple[str, str]:
     """``(source, target)`` of a dictionary entry, each :func:`program_key` (alpha-normal
     canonical LEIR)."""
-    known = _known(entry)
+    known = known_names(entry)
     return program_key(entry["original"]["leir"], known), program_key(entry["transformed"]["leir"], known)
+
+
+def step_digest(source_key: str, target_key: str) -> str:
+    """The ``step_key`` field of a dictionary entry: SHA1 (16 hex digits) of the alpha-normal
+    source and target texts (:func:`program_key` / :func:`module_key`), so that a data set's
+    steps are compared without parsing their programs again."""
+    return hashlib.sha1(f"{source_key}\n{target_key}".encode()).hexdigest()[:16]
+
+
+def entry_step_digest(entry: dict) -> str:
+    """An entry's ``step_key`` field, or, for an entry written without it, the same digest of
+    its :func:`step_key` (its programs parsed)."""
+    return entry.get("step_key") or step_digest(*step_key(entry))
 
 
 def label_precedence(entry: dict) -> tuple:
@@ -62,14 +84,15 @@ def label_precedence(entry: dict) -> tuple:
 
 
 def one_label_per_step(entries: list[dict]) -> tuple[list[dict], list[dict]]:
-    """``(kept, dropped)``: ``entries`` with one entry per :func:`step_key`, in their order.
+    """``(kept, dropped)``: ``entries`` with one entry per step (:func:`entry_step_digest`: the
+    ``step_key`` written at generation, else :func:`step_key`), in their order.
     The kept entry of a step is the one of highest precedence (:func:`label_precedence`);
     when other strategies gave the same step, it carries ``also_strategies`` (their ids,
     sorted) and each dropped entry is returned in ``dropped`` with ``duplicate_of`` (the kept
     entry's strategy id). Entries are not mutated; kept ones with others are copied."""
     groups: dict[tuple, list[int]] = {}
     for i, e in enumerate(entries):
-        groups.setdefault(step_key(e), []).append(i)
+        groups.setdefault(entry_step_digest(e), []).append(i)
     winner: dict[int, list[str]] = {}
     dropped: list[dict] = []
     for idx in groups.values():
@@ -86,4 +109,5 @@ def one_label_per_step(entries: list[dict]) -> tuple[list[dict], list[dict]]:
     return kept, dropped
 
 
-__all__ = ["program_key", "module_key", "step_key", "label_precedence", "one_label_per_step"]
+__all__ = ["program_key", "module_key", "known_names", "step_key", "step_digest", "entry_step_digest", "label_precedence",
+           "one_label_per_step"]

@@ -52,6 +52,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .labels import known_names, program_key
 from .provenance import file_key, program_type, provenance  # noqa: F401  (re-exported)
 
 #: The files that make a directory an ``stp dataset`` output directory (for ``stp split``).
@@ -104,17 +105,11 @@ def _alpha(text: str, known: frozenset) -> str:
     key (stripped), so an unparsable program still counts exactly."""
     k = (text, known)
     if k not in _KEYS:
-        from .labels import program_key
-
         try:
             _KEYS[k] = program_key(text, known)
         except Exception:  # noqa: BLE001 - compared as text instead
             _KEYS[k] = text.strip()
     return _KEYS[k]
-
-
-def _known(entry: dict) -> frozenset:
-    return frozenset(t["name"] for t in entry["signature"]["tensors"])
 
 
 def _read(path: Path):
@@ -191,10 +186,10 @@ def load_dataset_dir(dataset) -> _Dataset:
             if ptype is None or pid is None:
                 ptype, pid = prov[es[0]["id"]]
             meta = {**meta, "kind": meta.get("kind", kind), "program_type": ptype, "program_id": pid}
-            known = _known(es[0])
+            known = known_names(es[0])
             orig = _alpha(es[0]["original"]["leir"], known)
-            progs = {orig} | {_alpha(e["original"]["leir"], _known(e)) for e in es[1:]} | \
-                {_alpha(e["transformed"]["leir"], _known(e)) for e in es}
+            progs = {orig} | {_alpha(e["original"]["leir"], known_names(e)) for e in es[1:]} | \
+                {_alpha(e["transformed"]["leir"], known_names(e)) for e in es}
             records.append(_Record({**r, "meta": meta}, name, line, meta["kind"], str(ptype), str(pid), prompt,
                                    orig, progs))
     if not records:
@@ -249,7 +244,7 @@ def _test_programs(ds: _Dataset, test: set[str], cases: dict[str, str]) -> dict[
             for k in sorted(r.programs - {r.original}):
                 progs.setdefault(k, f"an answer's program of {r.file}:{r.line} ({r.ptype})")
     for pid, e in _source_entries(ds, test).items():
-        progs.setdefault(_alpha(e["original"]["leir"], _known(e)),
+        progs.setdefault(_alpha(e["original"]["leir"], known_names(e)),
                          f"held-out program {e.get('source')} ({ds.prov[e['id']][0]})")
     for key, what in cases.items():
         progs.setdefault(key, what)

@@ -39,7 +39,6 @@ figures; a template that does not include it gets that text appended by :func:`r
 
 from __future__ import annotations
 
-from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from ..leir import ast as A
 from ..leir.fileformat import LeirModule
 from ..leir.printer import format_assign, format_expr, format_loops, format_nest
 from .match import Site, display
+from .navigation import nest_diff
 from .primitives import Change, expr_at, get_item, iter_tensors
 
 
@@ -93,21 +93,10 @@ def check_template(rule) -> None:
 
 
 def _nest_diff(before: A.Program, after: A.Program) -> tuple[list[str], list[str]]:
-    """Top-level nest texts only in ``before`` / only in ``after`` (multiset difference,
-    program order)."""
-    b = [format_nest(n) for n in before.nests]
-    a = [format_nest(n) for n in after.nests]
-
-    def only(xs, ys):
-        left = Counter(xs) - Counter(ys)
-        out = []
-        for x in xs:
-            if left[x] > 0:
-                out.append(x)
-                left[x] -= 1
-        return out
-
-    return only(b, a), only(a, b)
+    """Top-level nest texts only in ``before`` / only in ``after``
+    (:func:`~steptp.engine.navigation.nest_diff`)."""
+    ib, ia = nest_diff(before, after)
+    return [format_nest(before.nests[i]) for i in ib], [format_nest(after.nests[i]) for i in ia]
 
 
 def _fmt_param(v) -> str:

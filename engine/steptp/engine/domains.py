@@ -36,9 +36,19 @@ class EvalContext:
 
 
 #: Functions usable in value expressions: name -> (arity, fn(ctx, *args)); arity -1 =
-#: variadic. All of them are defined in :mod:`steptp.engine.values`, which fills this
-#: registry on import (the engine package imports it first).
+#: variadic. Defined in :mod:`steptp.engine.values`, :mod:`steptp.engine.tiling` and
+#: :mod:`steptp.engine.signs`, which fill this registry on import through
+#: :func:`register_value_functions` (the engine package imports them first).
 VALUE_FUNCTIONS: dict[str, tuple[int, Callable]] = {}
+
+
+def register_value_functions(functions: dict[str, tuple[int, Callable]]) -> None:
+    """Add ``functions`` (name -> (arity, fn)) to :data:`VALUE_FUNCTIONS`. Raises
+    ``RuntimeError`` when a name is already registered (one definition per value function)."""
+    dup = sorted(set(functions) & set(VALUE_FUNCTIONS))
+    if dup:
+        raise RuntimeError(f"value function(s) defined twice: {', '.join(dup)}")
+    VALUE_FUNCTIONS.update(functions)
 
 
 def parse_value(src: str):

@@ -69,6 +69,7 @@ from functools import lru_cache
 from ..leir import ast as A
 from ..leir.analysis import index_names
 from ..leir.fileformat import LeirModule
+from .navigation import nest_diff
 
 #: The figures in the order they are rendered.
 FIGURE_ORDER = ("kernels", "threads", "blocks", "serial_trips", "ops", "global_bytes_read",
@@ -224,22 +225,6 @@ def _combine(kernels: list[dict]) -> dict:
     return out
 
 
-def _nest_diff(before: A.Program, after: A.Program) -> tuple[list[int], list[int]]:
-    """Indices of the top-level nests only in ``before`` / only in ``after`` (multiset
-    difference by value, program order)."""
-    def only(xs, ys) -> list[int]:
-        left = Counter(ys)
-        out = []
-        for i, n in enumerate(xs):
-            if left[n] > 0:
-                left[n] -= 1
-            else:
-                out.append(i)
-        return out
-
-    return only(before.nests, after.nests), only(after.nests, before.nests)
-
-
 def output_elements(module: LeirModule) -> int:
     """Elements of the signature's outputs (products of their shapes, summed); 0 without
     declared outputs."""
@@ -262,7 +247,7 @@ def step_figures(before: LeirModule, after: LeirModule, target=None) -> dict:
     try:
         bp, ap = before.program, after.program
         if target is None:
-            ib, ia = _nest_diff(bp, ap)
+            ib, ia = nest_diff(bp, ap)
             if not ib and not ia:
                 target = "program"
         elif target != "program":

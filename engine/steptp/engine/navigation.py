@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -324,3 +324,21 @@ def fresh_tensor_name(taken: set[str]) -> str:
             taken.add(c)
             return c
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def nest_diff(before: A.Program, after: A.Program) -> tuple[list[int], list[int]]:
+    """Positions of the top-level nests only in ``before`` / only in ``after``: the multiset
+    difference by value, in program order (of several equal nests, the first ones are the
+    surplus). Used for a step's CoT (the nests it removes and adds) and its figures (the
+    kernels it changes)."""
+
+    def only(xs, ys) -> list[int]:
+        left = Counter(xs) - Counter(ys)
+        out = []
+        for i, x in enumerate(xs):
+            if left[x] > 0:
+                out.append(i)
+                left[x] -= 1
+        return out
+
+    return only(before.nests, after.nests), only(after.nests, before.nests)

@@ -84,7 +84,8 @@ from .filters import candidate_filter
 from .inputbounds import DTYPE_MAX, FLOAT_INPUT_BOUND, INT_INPUT_BOUND
 from .inputbounds import finite_literal as _finite_literal, linear_form as _linear, literal_value as _literal
 from .navigation import IdentityMemo, enclosing_loops, value_children
-from .primitives import VALUE_FUNCTIONS, EqRef, RewriteError, ValueExprError, get_item
+from .domains import register_value_functions
+from .primitives import EqRef, RewriteError, ValueExprError, get_item
 
 INF = math.inf
 #: smallest positive *normal* number per float dtype (below it a value is subnormal, flushed
@@ -920,14 +921,7 @@ def _vf_product(ctx, a, b) -> A.Expr:
 SIGN_FUNCTIONS = {"provably": (-1, _vf_provably), "product": (2, _vf_product)}
 
 
-def _register() -> None:
-    dup = sorted(set(SIGN_FUNCTIONS) & set(VALUE_FUNCTIONS))
-    if dup:
-        raise RuntimeError(f"value function(s) defined twice: {', '.join(dup)}")
-    VALUE_FUNCTIONS.update(SIGN_FUNCTIONS)
-
-
-_register()
+register_value_functions(SIGN_FUNCTIONS)
 
 
 __all__ = ["TINY", "EPS", "PRECISION_RATIO", "Range", "ANY", "ProgramFacts", "program_facts", "Judge", "site_judge",

@@ -19,7 +19,8 @@ import math
 from ..leir import ast as A
 from ..leir.indexarith import simplify_index
 from .navigation import enclosing_loops
-from .primitives import VALUE_FUNCTIONS, EqRef, NestRef, ValueExprError, get_item
+from .domains import register_value_functions
+from .primitives import EqRef, NestRef, ValueExprError, get_item
 from .values import _expr, _loop_list, _name, _seq, _shape, free_indices, subst_index
 
 
@@ -184,14 +185,7 @@ def _arity(fn: str):
     raise ValueExprError(f"{fn} takes 3 or 4 arguments")
 
 
-def _register() -> None:
-    dup = sorted(set(TILING_FUNCTIONS) & set(VALUE_FUNCTIONS))
-    if dup:
-        raise RuntimeError(f"value function(s) defined twice: {', '.join(dup)}")
-    VALUE_FUNCTIONS.update(TILING_FUNCTIONS)
-
-
-_register()
+register_value_functions(TILING_FUNCTIONS)
 
 __all__ = ["TILING_FUNCTIONS", "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
            "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run"]

@@ -48,7 +48,8 @@ from ..leir import ast as A
 from ..backend.preflight import accesses as eq_accesses  # target first, then every read
 from . import patterns as P
 from .navigation import IdentityMemo
-from .primitives import (VALUE_FUNCTIONS, EqRef, EvalContext, NestRef, ValueExprError, get_item, get_nest,
+from .domains import register_value_functions
+from .primitives import (EqRef, EvalContext, NestRef, ValueExprError, get_item, get_nest,
                          iter_tensors)
 
 _AXES = ("tx", "ty", "tz", "bx", "by", "bz")
@@ -880,7 +881,7 @@ def _operand(ctx, term, k):
 
 
 #: name -> (arity, fn(ctx, *args)); arity -1 = variadic (checked by the function itself).
-#: Added to VALUE_FUNCTIONS by :func:`_register` below.
+#: Added to VALUE_FUNCTIONS by :func:`~steptp.engine.domains.register_value_functions` below.
 LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
     # core
     "loops_of": (1, _loops_of),
@@ -966,16 +967,7 @@ LANGUAGE_FUNCTIONS: dict[str, tuple[int, Any]] = {
 }
 
 
-def _register(functions: dict[str, tuple[int, Any]]) -> None:
-    """Add ``functions`` to VALUE_FUNCTIONS; a name defined twice is an error (one
-    definition per value function)."""
-    dup = sorted(set(functions) & set(VALUE_FUNCTIONS))
-    if dup:
-        raise RuntimeError(f"value function(s) defined twice: {', '.join(dup)}")
-    VALUE_FUNCTIONS.update(functions)
-
-
-_register(LANGUAGE_FUNCTIONS)
+register_value_functions(LANGUAGE_FUNCTIONS)
 
 
 __all__ = ["LANGUAGE_FUNCTIONS", "element_definition", "free_indices", "loops_without", "set_extent", "loops_used_by", "loops_unused_by",
