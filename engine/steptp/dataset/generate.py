@@ -272,18 +272,21 @@ class _RuleRun:
         self.symbolic: dict[str, str | None] = {}  # transformed LEIR -> symbolic verdict (math rules)
         # a derived original's parent (labels.program_key): a step back to it is no step
         self.parent_key = parent_key
+        self.peeked = None  # the next step, drawn early by peek() (its CPU build batched)
 
-    def advance(self, defer_nvcc: bool) -> bool:
-        """Verify further candidates until enough are kept or pending; False if none was tried."""
+    def _wants(self) -> bool:
+        return (len(self.kept) + len(self.pending) < self.opts.per_rule and self.pos < len(self.order)
+                and self.tries < self.budget and self.repeats < 4 * self.budget)
+
+    def _next_step(self):
+        """The next candidate step to verify (rule applied at the next sampled site; apply
+        errors, repeated programs and steps back to the parent recorded and skipped), or
+        None when no more are wanted or left. Counts the try."""
         from ..engine import apply_rule
         from ..engine.service import bounded
-        from ..verify import confirm_failure, verify_pair
 
         opts, rule = self.opts, self.rule
-        progressed = False
-        while len(self.kept) + len(self.pending) < opts.per_rule and self.pos < len(self.order):
-            if self.tries >= self.budget or self.repeats >= 4 * self.budget:
-                break
+        while self._wants():
             site, params = self.cands[self.order[self.pos]]
             self.pos += 1
             try:
@@ -304,6 +307,27 @@ class _RuleRun:
                                       "reason": "the step gives back the program this derived original was made from"})
                 continue
             self.tries += 1
+            return step
+        return None
+
+    def peek(self):
+        """The step :meth:`advance` verifies next (drawn now, kept for it), or None."""
+        if self.peeked is None:
+            self.peeked = self._next_step()
+        return self.peeked
+
+    def advance(self, defer_nvcc: bool) -> bool:
+        """Verify further candidates until enough are kept or pending; False if none was tried."""
+        from ..verify import confirm_failure, verify_pair
+
+        opts, rule = self.opts, self.rule
+        progressed = False
+        while True:
+            step, self.peeked = self.peeked, None
+            if step is None:
+                step = self._next_step()
+            if step is None:
+                break
             progressed = True
             art: dict = {}
             def check(step=step, art=art):
@@ -599,10 +623,42 @@ def _follow_ups(units: list[_Program], opts: Options, key: str) -> list[_Program
     return out
 
 
+def _prebuild(progs: list[_Program], opts: Options) -> None:
+    """Draw the next candidate of every rule run of ``progs`` (:meth:`_RuleRun.peek`) and
+    build their CPU verification kernels in one batch where they will run (the verification
+    worker, or this process): :func:`steptp.backend.build.prebuild_cpu`. Changes what runs
+    when, never what is verified."""
+    from ..backend.build import prebuild_cpu
+    from ..backend.tvmscript import lower_module
+
+    items = []
+    for prog in progs:
+        t0 = time.perf_counter()
+        for r in prog.runs:
+            step = r.peek()
+            if step is not None:
+                try:
+                    items.append((lower_module(step.after, None, "cpu", poison=True).text, step.after.signature))
+                except Exception:  # noqa: BLE001 - its verification reports it
+                    pass
+        prog.seconds += time.perf_counter() - t0
+    if len(items) < 2:
+        return
+    runner = _runner(opts)
+    try:
+        if runner is None:
+            prebuild_cpu(items)
+        else:
+            runner.call(prebuild_cpu, items, timeout_s=max(opts.timeout_s, 60.0 + len(items)))
+    except Exception:  # noqa: BLE001 - a failed batch costs time only: each builds on its own
+        pass
+
+
 def _run_units(progs: list[_Program], opts: Options, defer: bool) -> None:
     """Verify candidates of every rule run of ``progs`` until each is done (nvcc batched)."""
     while True:
         any_progress = False
+        _prebuild(progs, opts)
         for prog in progs:
             t0 = time.perf_counter()
             if any([r.advance(defer) for r in prog.runs]):
