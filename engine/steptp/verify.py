@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Callable, Mapping, NamedTuple
@@ -346,6 +347,25 @@ def _execute_cuda(runner: IsolatedRunner | None, timeout_s: float, module: LeirM
     return runner.call(run_cuda_lowered, module.text(), inputs, limits, timeout_s=timeout_s, discard_on_error=True)
 
 
+_CPU_TEXTS: "OrderedDict[int, tuple[weakref.ref, str]]" = OrderedDict()
+
+
+def cpu_verification_text(module: LeirModule) -> str:
+    """``lower_module(module, None, "cpu", poison=True).text``, the CPU verification form,
+    remembered for the last 512 module objects (by identity: a module is immutable), so a
+    caller that lowered a candidate early (to build it in a batch,
+    :func:`steptp.backend.build.prebuild_cpu`) does not pay for it twice. Raises what
+    :func:`~steptp.backend.tvmscript.lower_module` raises."""
+    hit = _CPU_TEXTS.get(id(module))
+    if hit is not None and hit[0]() is module:
+        return hit[1]
+    text = lower_module(module, None, "cpu", poison=True).text
+    _CPU_TEXTS[id(module)] = (weakref.ref(module), text)
+    while len(_CPU_TEXTS) > 512:
+        _CPU_TEXTS.popitem(last=False)
+    return text
+
+
 def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
              limits: GpuLimits) -> tuple[str, str | None, str | None]:
     """Lower for CPU (verification form) and, with ``gpu_check``, run the GPU preflight and
@@ -355,18 +375,18 @@ def _prepare(module: LeirModule, gpu_check: bool, nvcc: bool,
     CUDA source is generated and compiled here, before anything runs (the Build pass comes
     before Exec); otherwise ``cuda_source`` is None and the runner generates it from the
     same parse as the CPU build (:func:`steptp.backend.build.run_lowered`)."""
-    low = lower_module(module, None, "cpu", poison=True)
+    cpu_text = cpu_verification_text(module)
     if not gpu_check:
-        return low.text, None, None
+        return cpu_text, None, None
     preflight(module, None, limits)
     cuda_text = lower_module(module, None, "cuda").text
     if not (nvcc and nvcc_path() is not None):
-        return low.text, cuda_text, None
+        return cpu_text, cuda_text, None
     cuda_src = compile_cuda_text(cuda_text, limits.arch)
     r = nvcc_check([cuda_src], limits)[0]
     if r.ok is False:
         raise BuildError(f"{r.status}: {r.reason}")
-    return low.text, cuda_text, cuda_src
+    return cpu_text, cuda_text, cuda_src
 
 
 def _diff_and_tensors(res: VerifyResult, original: LeirModule, transformed: LeirModule, require_diff: bool) -> bool:

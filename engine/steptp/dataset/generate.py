@@ -629,7 +629,7 @@ def _prebuild(progs: list[_Program], opts: Options) -> None:
     worker, or this process): :func:`steptp.backend.build.prebuild_cpu`. Changes what runs
     when, never what is verified."""
     from ..backend.build import prebuild_cpu
-    from ..backend.tvmscript import lower_module
+    from ..verify import cpu_verification_text
 
     items = []
     for prog in progs:
@@ -638,7 +638,7 @@ def _prebuild(progs: list[_Program], opts: Options) -> None:
             step = r.peek()
             if step is not None:
                 try:
-                    items.append((lower_module(step.after, None, "cpu", poison=True).text, step.after.signature))
+                    items.append((cpu_verification_text(step.after), step.after.signature))
                 except Exception:  # noqa: BLE001 - its verification reports it
                     pass
         prog.seconds += time.perf_counter() - t0
