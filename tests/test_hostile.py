@@ -323,6 +323,59 @@ def test_sigkill_mid_run_then_resume_is_byte_identical(one_run, tmp_path):
     assert _final_bytes(out) == want
 
 
+def _processes_with(marker: str) -> list[int]:
+    """PIDs of live processes whose environment holds ``marker`` (children inherit it)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if marker.encode() in (d / "environ").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_sigterm_stops_workers_summarises_and_resumes_byte_identical(tmp_path):
+    """``stp dataset -j 2`` sent SIGTERM mid-run: exit 130 naming how far it got, its worker
+    processes gone, report.json and the chat sets rebuilt from the programs recorded (a
+    partial summary), and the same command then finishes with the files of an uninterrupted
+    run."""
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    srcs = [str(EXAMPLES / n) for n in ("scale_bias.leir", "gelu.leir", "softmax.leir", "matmul.leir",
+                                         "mean_reduction.leir", "max_reduction.leir")]
+    args = ["dataset", *srcs, "-q", "--no-cuda", "--no-nvcc", "-j", "2", "--programs-per-task", "1",
+            "--rule", str(RULES / "loop_split.yaml"), "--rule", str(RULES / "loop_reorder.yaml")]
+    cmd = [sys.executable, "-c", "from steptp.cli import app; app()"]
+    whole = tmp_path / "whole"
+    assert subprocess.run(cmd + args + ["-o", str(whole)], capture_output=True, timeout=600).returncode == 0
+    marker = f"STP_TEST_MARK={uuid.uuid4().hex}"
+    out = tmp_path / "cut"
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+    proc = subprocess.Popen(cmd + args + ["-o", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    state = out / "state.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (state.exists() and state.read_text().strip()):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    done = state.read_text().count("\n")
+    assert proc.returncode == 130 and f"interrupted after {done} of 6 programs" in err, err
+    assert "Traceback" not in err and 1 <= done < 6
+    report = json.loads((out / "report.json").read_text())
+    assert report["programs"] == done and (out / "chat_single.jsonl").exists()
+    time.sleep(1)
+    assert _processes_with(marker) == []
+    assert subprocess.run(cmd + args + ["-o", str(out)], capture_output=True, timeout=600).returncode == 0
+    assert _final_bytes(out) == _final_bytes(whole)
+
+
 @pytest.mark.parametrize("line", ["{}", "[1,2]", '{"id": 3}', '"text"'])
 def test_foreign_lines_are_clear_errors_and_change_nothing(one_run, tmp_path, line):
     out0, srcs, opts = one_run

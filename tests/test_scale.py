@@ -144,9 +144,14 @@ def test_programs_batched_into_one_nvcc_run_give_the_same_bytes(tmp_path, monkey
     generate_dataset(sources, tmp_path / "b1", opts, progress=False, batch=1)
     runs_one = len(calls)
     calls.clear()
+    build_mod._NVCC_OK.clear()  # kernels compiled above would not be compiled again
     generate_dataset(sources, tmp_path / "b3", opts, progress=False, batch=3)
     assert digests(tmp_path / "b3") == digests(tmp_path / "b1")
     assert runs_one == 3 and len(calls) == 1
+    # every kernel of a third run was compiled by nvcc in this process already: no nvcc run, same files
+    calls.clear()
+    generate_dataset(sources, tmp_path / "again", opts, progress=False, batch=3)
+    assert digests(tmp_path / "again") == digests(tmp_path / "b1") and calls == []
     entries = rows(tmp_path / "b3" / "dictionary.jsonl")
     assert {e["source"].rsplit("/", 1)[1] for e in entries} == {"gelu.leir", "scale_bias.leir", "softmax.leir"}
     assert all(e["verification"]["nvcc"] and e["transformed"]["cuda"] for e in entries)

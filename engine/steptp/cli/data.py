@@ -92,7 +92,7 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
     if problem:
         fail(problem)  # before anything is created or changed under OUTDIR
     from ..dataset.generate import Options
-    from ..dataset.pipeline import DatasetError, WorkerCrashed, generate_dataset
+    from ..dataset.pipeline import DatasetError, DatasetInterrupted, WorkerCrashed, generate_dataset
     from ..resources import rules_dir
     from ..rules import load_rule
 
@@ -116,11 +116,21 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         fail("--max-tokens bounds the multi-answer records of --profile paper; the default profile does not use it")
     policy = FilterPolicy(seed=seed, profile=profile, max_tokens=max_tokens or DEFAULT_MAX_TOKENS)
 
+    import signal
+
+    def _interrupt(signum, frame):  # SIGTERM as Ctrl-C: stop, keep what was recorded, summarise it
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         report = generate_dataset([str(i) for i in inputs], outdir, opts, policy=policy, workers=workers,
                                   progress=not quiet,
                                   use_ray=use_ray or ray_address is not None, ray_address=ray_address,
                                   batch=batch)
+    except DatasetInterrupted as e:
+        fail(str(e), 130)
+    except KeyboardInterrupt:
+        fail(f"interrupted; what was recorded in {outdir} is kept; rerun the same command to resume", 130)
     except WorkerCrashed as e:
         fail(str(e), 1)  # internal (killed, out of memory), not bad input
     except (DatasetError, FileNotFoundError, ValueError) as e:
