@@ -299,3 +299,62 @@ def test_isolated_verification_survives_hang_and_segfault(monkeypatch):
         assert r.build and not r.exec and "crashed" in r.reason
         assert verify_pair(orig, reorder, runner=runner).ok
         assert runner.restarts == 2
+
+
+def test_isolated_verification_sends_trial_data_once_and_recovers_after_a_restart(monkeypatch):
+    """The trial inputs and references of an original cross the pipe to the verification
+    worker once (References.token); a worker that restarted asks for them again. Verdicts
+    are those of in-process verification, passing and failing alike."""
+    import steptp.verify as verify_mod
+    from steptp.runner.worker import IsolatedRunner
+
+    sent = []
+    real = verify_mod.run_compared
+    orig = leir(MM)
+    reorder = leir(MM.replace("L^{16}_{a=0}L^{12}_{c=0}", "L^{12}_{c=0}L^{16}_{a=0}"))
+    fused = leir(MM_HDR + "B^{8}_{tx=0}L^{16}_{a=0}[L^{12}_{c=0}[D^{f32,g}_{tx,a}=D^{f32,g}_{tx,a}+"
+                 "A^{f32,g}_{tx,c}*W^{f32,g}_{a,c};];C^{f32,g}_{tx,a}=max(D^{f32,g}_{tx,a}+Bb^{f32,g}_{a},0.0);];")
+    wrong = leir(MM.replace("0.0);", "0.001);"))
+    verify_mod.clear_reference_cache()
+
+    class Counting(IsolatedRunner):
+        def call(self, fn, *args, **kwargs):
+            if fn is real:
+                sent.append(args[3] is not None)  # the data argument
+            return super().call(fn, *args, **kwargs)
+
+    with Counting(timeout_s=60) as runner:
+        results = [verify_pair(orig, t, runner=runner) for t in (reorder, fused, wrong)]
+        assert sent == [True, False, False]
+        runner.discard()  # a fresh worker holds nothing: it asks, and gets the data again
+        results.append(verify_pair(orig, wrong, runner=runner))
+        assert sent[3:] == [False, True]
+    local = [verify_pair(orig, t) for t in (reorder, fused, wrong, wrong)]
+    assert [r.to_dict() for r in results] == [r.to_dict() for r in local]
+    assert [r.equal for r in results] == [True, True, False, False]
+    assert results[2].reason.startswith("equal: output C differs in trial 0")
+
+
+def test_kernels_built_together_compute_what_each_built_alone_computes():
+    """prebuild_cpu compiles several verification kernels in one IRModule; run_lowered takes
+    them and gets the same bits as from a kernel built alone. A batch with a bad text builds
+    nothing ahead, and each text then gives its own result or error."""
+    from steptp.backend import build as build_mod
+    from steptp.backend.errors import BuildError
+    from steptp.verify import cpu_verification_text
+
+    mods = [leir(MM), leir(MM.replace("L^{16}_{a=0}L^{12}_{c=0}", "L^{12}_{c=0}L^{16}_{a=0}"))]
+    items = [(cpu_verification_text(m), m.signature) for m in mods]
+    x = [random_inputs(mods[0].signature, 0, k) for k in range(2)]
+    alone = [build_mod.run_lowered(t, s, x)[0] for t, s in items]
+    assert build_mod.prebuild_cpu(items) == 2
+    together = [build_mod.run_lowered(t, s, x)[0] for t, s in items]
+    assert build_mod._PREBUILT == {}  # taken
+    for a, b in zip(alone, together):
+        for ta, tb in zip(a, b):
+            assert ta.keys() == tb.keys() and all(np.array_equal(ta[k], tb[k], equal_nan=True) for k in ta)
+    bad = items[0][0].replace("T.float32(0.0)", "T.undefined_thing(0.0)", 1)
+    assert bad != items[0][0]
+    assert build_mod.prebuild_cpu([items[1], (bad, items[0][1])]) == 0 and build_mod._PREBUILT == {}
+    with pytest.raises(BuildError):
+        build_mod.run_lowered(bad, items[0][1], x)

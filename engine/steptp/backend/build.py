@@ -106,8 +106,8 @@ _SCRATCH: dict[int, str] = {}
 _LOADED = 0
 
 
-def _load_linked(executable, name: str = "main"):
-    """The ``name`` function of a CPU ``tvm.compile`` result, loaded through an object file
+def _load_linked(executable, name: str | None = "main"):
+    """The ``name`` function (None: the loaded module) of a CPU ``tvm.compile`` result, loaded through an object file
     linked with ``ld -shared`` and ``tvm.runtime.load_module`` instead of TVM's LLVM JIT.
 
     Measured on 30 corpus kernels (2 shared vCPUs): writing the object

@@ -629,14 +629,14 @@ def _prebuild(progs: list[_Program], opts: Options) -> None:
     worker, or this process): :func:`steptp.backend.build.prebuild_cpu`. Changes what runs
     when, never what is verified."""
     from ..backend.build import prebuild_cpu
-    from ..verify import cpu_verification_text
+    from ..verify import cpu_verification_text, resource_problem
 
     items = []
     for prog in progs:
         t0 = time.perf_counter()
         for r in prog.runs:
             step = r.peek()
-            if step is not None:
+            if step is not None and not resource_problem(step.after):  # one verification will refuse
                 try:
                     items.append((cpu_verification_text(step.after), step.after.signature))
                 except Exception:  # noqa: BLE001 - its verification reports it
