@@ -54,8 +54,13 @@ def _worker_main(conn, env: dict | None = None, cwd: str | None = None) -> None:
             reply = ("err", ExecError(f"{type(e).__name__}: {e}"))
         try:
             conn.send(reply)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            return  # the caller is gone (killed, or stopped its run): nothing to answer
         except Exception as e:  # unpicklable result
-            conn.send(("err", ExecError(f"worker could not send its result: {e}")))
+            try:
+                conn.send(("err", ExecError(f"worker could not send its result: {e}")))
+            except (BrokenPipeError, ConnectionResetError, EOFError):
+                return
 
 
 @contextlib.contextmanager
