@@ -245,12 +245,33 @@ def default_runner() -> IsolatedRunner:
     return shared("verify")
 
 
+def _with_poisoned_outputs(inputs: list[dict], sig: Signature) -> list[dict]:
+    """Each trial's inputs plus the outputs filled with poison (:func:`poison_outputs`):
+    what a verification run starts from."""
+    poison = poison_outputs(sig)
+    return [{**x, **poison} for x in inputs]
+
+
+def _verdict(outs: list[Mapping], refs: list[Mapping], sig: Signature, slacks, labels) -> dict:
+    """The verdict on a candidate's outputs per trial: ``{"reason": "exec: trial k: ..."}``
+    when an output holds poison, else the comparison's fields (``equal``, ``reason``,
+    ``trials``, ``max_abs_err``, ``max_rel_err``; :func:`_compare_all`). Computed in the
+    verification worker (:func:`run_compared`) or in process (:func:`_check_candidate`)."""
+    for k, out in enumerate(outs):
+        bad = poisoned_elements(out, sig)
+        if bad:
+            return {"reason": f"exec: trial {k}: {bad}"}
+    res = VerifyResult()
+    _compare_all(res, refs, outs, sig, slacks, labels)
+    return {"equal": res.equal, "reason": res.reason, "trials": res.trials,
+            "max_abs_err": res.max_abs_err, "max_rel_err": res.max_rel_err}
+
+
 def _execute(runner: IsolatedRunner | None, timeout_s: float, cpu_text: str, sig: Signature,
              inputs: list[dict], cuda_text: str | None) -> tuple[list[dict], str | None]:
     """Outputs per trial and the CUDA source of ``cuda_text`` (when given), computed by
     :func:`steptp.backend.build.run_lowered` here or in ``runner``."""
-    poison = poison_outputs(sig)
-    inputs = [{**x, **poison} for x in inputs]
+    inputs = _with_poisoned_outputs(inputs, sig)
     if runner is None:
         return run_lowered(cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch)
     return runner.call(run_lowered, cpu_text, sig, inputs, cuda_text, DEFAULT_GPU.arch, timeout_s=timeout_s)
@@ -293,15 +314,8 @@ def run_compared(cpu_text: str, sig: Signature, token: str, data: tuple[list, li
         _WORKER_DATA.move_to_end(token)
     inputs, refs = data
     outs, cuda_src = run_lowered(cpu_text, sig, inputs, cuda_text, arch)
-    for k, out in enumerate(outs):
-        bad = poisoned_elements(out, sig)
-        if bad:
-            return {"reason": f"exec: trial {k}: {bad}"}, None, cuda_src
-    res = VerifyResult()
-    _compare_all(res, refs, outs, sig, slacks, labels)
-    verdict = {"equal": res.equal, "reason": res.reason, "trials": res.trials,
-               "max_abs_err": res.max_abs_err, "max_rel_err": res.max_rel_err}
-    return verdict, (None if res.equal else outs), cuda_src
+    verdict = _verdict(outs, refs, sig, slacks, labels)
+    return verdict, (None if verdict.get("equal") else outs), cuda_src
 
 
 def _execute_compared(runner: IsolatedRunner, timeout_s: float, cpu_text: str, sig: Signature, token: str,
@@ -311,8 +325,7 @@ def _execute_compared(runner: IsolatedRunner, timeout_s: float, cpu_text: str, s
     def call(with_data: bool):
         data = None
         if with_data:
-            poison = poison_outputs(sig)
-            data = ([{**x, **poison} for x in inputs], refs)
+            data = (_with_poisoned_outputs(inputs, sig), refs)
         return runner.call(run_compared, cpu_text, sig, token, data, slacks, labels, cuda_text, DEFAULT_GPU.arch,
                            timeout_s=timeout_s)
 
@@ -341,8 +354,7 @@ def _execute_cuda(runner: IsolatedRunner | None, timeout_s: float, module: LeirM
     discards: a sticky error (illegal address...) costs this candidate only."""
     from .backend.perf import run_cuda_lowered
 
-    poison = poison_outputs(module.signature)
-    inputs = [{**x, **poison} for x in inputs]
+    inputs = _with_poisoned_outputs(inputs, module.signature)
     runner = runner or default_runner()
     return runner.call(run_cuda_lowered, module.text(), inputs, limits, timeout_s=timeout_s, discard_on_error=True)
 
@@ -782,21 +794,14 @@ def _check_candidate(res: VerifyResult, module: LeirModule, inputs: list[dict], 
         res.worker_failure = isinstance(e, WorkerFailure)
         return res
     res.build = True
-    if verdict is not None:  # compared in the worker (run_compared)
-        if "equal" not in verdict:
-            res.reason = verdict["reason"]
-            return res
-        res.exec = True
-        for k, v in verdict.items():
-            setattr(res, k, v)
-    else:
-        for k, out in enumerate(outs):
-            bad = poisoned_elements(out, module.signature)
-            if bad:
-                res.reason = f"exec: trial {k}: {bad}"
-                return res
-        res.exec = True
-        _compare_all(res, refs, outs, module.signature, slacks, labels)
+    if verdict is None:  # not compared in the worker (run_compared)
+        verdict = _verdict(outs, refs, module.signature, slacks, labels)
+    if "equal" not in verdict:
+        res.reason = verdict["reason"]
+        return res
+    res.exec = True
+    for k, v in verdict.items():
+        setattr(res, k, v)
     if not res.equal and truth_fn is not None and not slacks:
         try:
             truths = truth_fn()
