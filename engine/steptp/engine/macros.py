@@ -12,6 +12,7 @@ trajectories stay step-level. No verification, TVM or search code here: the rule
 
 from __future__ import annotations
 
+import math
 import random
 
 from ..leir.fileformat import LeirModule
@@ -316,38 +317,78 @@ def apply_steps(by_id: dict, module: LeirModule, steps) -> list[dict]:
     return out
 
 
-def gemm_tiling(k: int, block: int = 16, micro: int = 4, bk: int = 8, w: int = 4) -> list:
+def gemm_tiling(k: int, block: int = 16, micro: int = 4, bk: int = 8, w: int = 4, *, bn: int | None = None,
+                operands: tuple[str, str] = ("A", "C"), rebind: bool = True, batch: bool = False,
+                extra: int = 0) -> list:
     """The steps that take top-level nest ``k``, a GEMM as the translator writes it
-    (``B^{M}_{tx}L^{N}_{a}L^{K}_{c}[D_{tx,a} += A_{tx,c}*C_{c,a}]``), to ``block`` x ``block``
-    output tiles per thread block of ``(block/micro)^2`` threads, each a ``micro`` x ``micro``
-    register micro-tile, K in steps of ``bk``, both inputs staged in shared memory and copied
-    ``w`` elements at a time, the micro-tile loops unrolled, copies and write-back vectorized
-    (TVM MetaSchedule's MultiLevelTiling "SSRSRS" with shared caches at the outer reduction
-    loop; the CUDA C Programming Guide's tiled matrix multiplication)."""
+    (``B^{M}_{tx}L^{N}_{a}L^{K}_{c}[D_{tx,a} += A_{tx,c}*C_{c,a}]``, or ``C_{a,c}``: a
+    transposed operand, as ``nn.Linear`` reads its weight), to ``block`` x ``bn`` output tiles
+    per thread block (``bn`` defaults to ``block``) of ``(block/micro)*(bn/micro)`` threads,
+    each a ``micro`` x ``micro`` register micro-tile, K in steps of ``bk``, both inputs
+    (``operands``: the two tensors the product reads) staged in shared memory and copied ``w``
+    elements at a time, the micro-tile loops unrolled, copies and write-back vectorized (TVM
+    MetaSchedule's MultiLevelTiling "SSRSRS" with shared caches at the outer reduction loop;
+    the CUDA C Programming Guide's tiled matrix multiplication).
+
+    ``rebind``: the rows are on ``threadIdx.x`` and move to ``blockIdx.x`` first (False: the
+    translator already bound them to blocks, as it does for M > 1024). ``batch``: the nest
+    has a batch loop first (``B^{Bt}_{tx}L^{M}L^{N}L^{K}``, a batched matmul): the batch goes
+    to ``blockIdx.z``, the row tiles to ``blockIdx.x``, every later loop position one further.
+    ``extra``: further reduction loops after K (a convolution's window), kept serial right
+    inside the K step, around the micro-tile. The extents must be multiples of the tiles (:func:`tiling_proposals` partitions the rest
+    off first, rule ``loop_partition``)."""
     n = [k]
-    return [
-        ("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bx"}),
-        ("loop_split", {"nest": n, "loop": 0}, {"f": block}),
-        ("loop_split", {"nest": n, "loop": 2}, {"f": block}),
-        ("loop_split", {"nest": n, "loop": 4}, {"f": bk}),
-        ("loop_split", {"nest": n, "loop": 1}, {"f": micro}),
-        ("loop_split", {"nest": n, "loop": 4}, {"f": micro}),
-        ("loop_reorder", {"nest": n}, {"order": [0, 3, 6, 1, 4, 7, 2, 5]}),
-        ("loop_binding", {"nest": n, "loop": 1}, {"ax": "by"}),
-        ("loop_binding", {"nest": n, "loop": 3}, {"ax": "ty"}),  # rows of threads on y, columns on x:
-        ("loop_binding", {"nest": n, "loop": 4}, {"ax": "tx"}),  # a warp reads one row of A's tile
+    bn = bn or block
+    za, zb = operands
+    o = 1 if batch else 0
+    head = []
+    if batch:
+        head = [("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bz"})]
+    elif rebind:
+        head = [("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bx"})]
+    def shifted(order):
+        return ([0] + [i + 1 for i in order]) if batch else order
+
+    if not extra:
+        steps = head + [
+            ("loop_split", {"nest": n, "loop": o + 0}, {"f": block}),
+            ("loop_split", {"nest": n, "loop": o + 2}, {"f": bn}),
+            ("loop_split", {"nest": n, "loop": o + 4}, {"f": bk}),
+            ("loop_split", {"nest": n, "loop": o + 1}, {"f": micro}),
+            ("loop_split", {"nest": n, "loop": o + 4}, {"f": micro}),
+            ("loop_reorder", {"nest": n}, {"order": shifted([0, 3, 6, 1, 4, 7, 2, 5])}),
+        ]
+    else:  # two reorders, each within the innermost 7 loops that loop_reorder permutes
+        r = list(range(4, 5 + extra))
+        steps = head + [
+            ("loop_split", {"nest": n, "loop": o + 0}, {"f": block}),
+            ("loop_split", {"nest": n, "loop": o + 2}, {"f": bn}),
+            ("loop_reorder", {"nest": n}, {"order": shifted([0, 2, 1, 3] + r)}),
+            ("loop_split", {"nest": n, "loop": o + 4}, {"f": bk}),
+            ("loop_split", {"nest": n, "loop": o + 2}, {"f": micro}),
+            ("loop_split", {"nest": n, "loop": o + 4}, {"f": micro}),
+            ("loop_reorder", {"nest": n}, {"order": shifted([0, 1, 6, 2, 4, 7] + [8 + i for i in range(extra)] + [3, 5])}),
+        ]
+    if batch:
+        steps.append(("loop_binding", {"nest": n, "loop": 1}, {"ax": "bx"}))
+    steps += [
+        ("loop_binding", {"nest": n, "loop": o + 1}, {"ax": "by"}),
+        ("loop_binding", {"nest": n, "loop": o + 3}, {"ax": "ty"}),  # rows of threads on y, columns on x:
+        ("loop_binding", {"nest": n, "loop": o + 4}, {"ax": "tx"}),  # a warp reads one row of A's tile
         ("register_tiling", {"nest": n}, {"s": "l"}),
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "A"}}, {"w": w}),
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "C"}}, {"w": w}),
-        ("loop_vectorization", {"nest": [k, 0, 0], "loop": -1}, {}),
-        ("loop_vectorization", {"nest": [k, 0, 1], "loop": -1}, {}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": za}}, {"w": w}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": zb}}, {"w": w}),
+        ("loop_vectorization", {"nest": [k, 0, 0], "loop": -1, "optional": True}, {}),
+        ("loop_vectorization", {"nest": [k, 0, 1], "loop": -1, "optional": True}, {}),
         ("loop_unrolling", {"nest": [k, 0, 2], "loop": -1}, {}),
         ("loop_unrolling", {"nest": [k, 0, 2], "loop": -2}, {}),
-        ("loop_vectorization", {"nest": [k, 1], "loop": -1}, {}),
+        ("loop_vectorization", {"nest": [k, 1], "loop": -1, "optional": True}, {}),
     ]
+    return steps
 
 
-def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1, batch: bool = False) -> list:
+def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1, batch: bool = False,
+                operands: tuple[str, str] = ("A", "C")) -> list:
     """The steps that take top-level nest ``k``, a 2-D convolution as the translator writes it
     (``B^{CO}_{tx}L^{OH}_{a}L^{OW}_{c}L^{CI}_{d}L^{KH}_{f}L^{KW}_{g}``), to one output channel
     per block row, ``f_oh`` output rows per block column, threads over the rows and the
@@ -355,12 +396,14 @@ def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1,
     the filter slice staged in shared memory per ``f_ci`` input channels, ``kw`` unrolled, the
     write-back vectorized. ``batch``: the nest has a batch loop first
     (``B^{N}_{tx}L^{CO}_{a}...``, 7 loops): the batch goes to ``blockIdx.z`` and the output
-    channels to ``blockIdx.x`` first, every later loop position one further."""
+    channels to ``blockIdx.x`` first, every later loop position one further. ``operands``:
+    the input and the filter (the tensors the product reads)."""
     n = [k]
+    za, zc = operands
     if batch:
         head = [("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bz"}),
                 ("loop_binding", {"nest": n, "loop": 1}, {"ax": "bx"})]
-        rest = conv_tiling(k, f_oh, f_ow, f_ci, w)[1:]
+        rest = conv_tiling(k, f_oh, f_ow, f_ci, w, operands=operands)[1:]
         shifted = []
         for rule, spec, params in rest:
             spec = dict(spec)
@@ -382,9 +425,9 @@ def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1,
         ("loop_binding", {"nest": n, "loop": 3}, {"ax": "tx"}),
         ("loop_binding", {"nest": n, "loop": 4}, {"ax": "ty"}),
         ("register_tiling", {"nest": n}, {"s": "l"}),
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "A"}}, {"w": w}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": za}}, {"w": w}),
         # the filter slice: only where the block's threads divide it
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": "C"}, "optional": True}, {"w": w}),
+        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": zc}, "optional": True}, {"w": w}),
         ("loop_unrolling", {"nest": [k, 0, 2], "loop": 4, "optional": True}, {}),
         ("loop_vectorization", {"nest": [k, 1], "loop": 2, "optional": True}, {}),
     ]
@@ -403,45 +446,203 @@ def _reduction_shape(nest) -> list[int] | None:
     return [lp.extent for lp in loops]
 
 
-def tiling_proposals(by_id: dict, module: LeirModule) -> list[list[dict]]:
-    """The tiled form of every GEMM-like and convolution-like top-level nest (:func:`gemm_tiling`,
-    :func:`conv_tiling`) as one multi-step proposal each: the first parameters (largest tiles
-    first) whose steps all apply (the rules' own checks and the GPU preflight decide; a
-    parameter that does not divide an extent or a tile over the shared-memory limit fails and
-    the next is tried). Its records are the steps."""
+def _gemm_form(nest) -> tuple[tuple[str, str], bool, int] | None:
+    """``(operands, batch, extra)`` when the top-level nest is a GEMM-like reduction as the
+    translator writes it: ``B^{M}L^{N}L^{K}..[C_{m,n} = C_{m,n} + X*Y]``, optionally with a
+    batch loop first (the target then subscripted by batch, m, n), and ``extra`` further
+    reduction loops after K (a 1-D convolution ``[N, CO, L, CI, KW]`` is a batched GEMM of
+    CO x L outputs over CI, with the window loop KW inside); the value reads two tensors
+    besides ``C``. Else None."""
+    from ..leir import ast as A  # noqa: PLC0415
+
+    loops = nest.loops
+    eq = nest.body[0]
+    names = [lp.var for lp in loops]
+    tgt = [x.name if isinstance(x, A.Index) else None for x in eq.target.indices]
+    if len(tgt) not in (2, 3) or tgt != names[:len(tgt)] or len(loops) <= len(tgt):
+        return None
+    reads = []
+    for x in A.walk(eq.value):
+        if isinstance(x, A.Tensor) and x.name != eq.target.name and x.name not in reads:
+            reads.append(x.name)
+    if len(reads) != 2 or not _is_reduction(nest) or not _product_of(eq.value, *reads):
+        return None
+    return (reads[0], reads[1]), len(tgt) == 3, len(loops) - len(tgt) - 1
+
+
+def _product_of(value, x: str, y: str) -> bool:
+    """Whether ``value`` holds a product of a term reading ``x`` and a term reading ``y`` (the
+    multiply-accumulate of a GEMM or convolution, not e.g. a softmax's sum of exp(x - max))."""
+    from ..leir import ast as A  # noqa: PLC0415
+
+    def names(t):
+        return {z.name for z in A.walk(t) if isinstance(z, A.Tensor)}
+
+    for t in A.walk(value):
+        if isinstance(t, A.BinOp) and t.op == "*":
+            a, b = names(t.lhs), names(t.rhs)
+            if (x in a and y in b) or (y in a and x in b):
+                return True
+    return False
+
+
+def _tiled_extent(e: int, tile: int) -> int:
+    """The part of extent ``e`` that tiles of ``tile`` cover: all of it when ``tile`` divides
+    it, else what ``loop_partition`` keeps at a multiple of ``max(tile, 16)`` (its smallest
+    step)."""
+    return e if e % tile == 0 else e - e % max(tile, 16)
+
+
+def _gemm_tries(ext: list[int], batch: bool, window: int = 1, elem_bytes: int = 4) -> list[tuple]:
+    """Tile choices ``(bm, bn, micro, bk, w)`` for a GEMM of extents ``[Bt,] M, N, K``: block
+    tiles of 8-128 rows and columns (a tile that does not divide M or N leaves a tail that
+    ``loop_partition`` peels off, :func:`_tiled_extent`; at least two tiles remain), 64-1024 threads of ``micro`` x
+    ``micro`` outputs, ``bk`` dividing K, copies of ``w`` elements that the threads cover
+    exactly, and shared tiles of at most 48 KiB (``(bm + bn) * window * bk`` elements of
+    ``elem_bytes``: ``window`` is the product of the extra reduction loops, whose window a
+    tile stages whole). Ordered: enough thread blocks for the device's multiprocessors
+    (``cost_model.gpu.GpuTarget().sms``) first, then the largest tile, the largest micro-tile
+    (more FMAs per shared load), the longest K step and copy."""
+    from ..cost_model.gpu import GpuTarget  # noqa: PLC0415
+
+    sms = GpuTarget().sms
+    nb = ext[0] if batch else 1
+    m, n_, kk = ext[-3:]
+    tries = []
+    for bm in (128, 64, 32, 16, 8):
+        for bn in (128, 64, 32, 16, 8):
+            if _tiled_extent(m, bm) < 2 * bm or _tiled_extent(n_, bn) < 2 * bn:
+                continue
+            for mi in (8, 4, 2):
+                th = (bm // mi) * (bn // mi)
+                if bm % mi or bn % mi or not 64 <= th <= 1024:
+                    continue
+                for bk in (16, 8):
+                    if kk % bk or bk >= kk or (bm + bn) * window * bk * elem_bytes > 48 * 1024:
+                        continue
+                    for w in (4, 2, 1):
+                        if (bm * bk) % (th * w) or (bn * bk) % (th * w):
+                            continue
+                        blocks = nb * (m // bm) * (n_ // bn)
+                        tries.append(((blocks < sms, -bm * bn, -mi, -bk, -w, (m % bm > 0) + (n_ % bn > 0)),
+                                      (bm, bn, mi, bk, w)))
+    return [t for _, t in sorted(tries)]
+
+
+def _gemm_sequences(k: int, nest, limit: int = 6) -> tuple[list[list], str | None]:
+    """The tiling sequences to try for GEMM nest ``k`` (:func:`gemm_tiling`, after
+    ``loop_partition`` steps for the rows and columns the tile does not divide), or ``([],
+    reason)``."""
+    form = _gemm_form(nest)
+    if form is None:
+        return [], "not a GEMM as the translator writes it ([batch,] rows, columns, one reduction; C = C + X*Y)"
+    operands, batch, extra = form
+    ext = [lp.extent for lp in nest.loops]
+    from ..leir import ast as A  # noqa: PLC0415
+
+    window = math.prod(ext[len(ext) - extra:])
+    eb = max(A.DTYPE_BYTES.get(t.dtype, 4) for t in A.walk(nest.body[0].value) if isinstance(t, A.Tensor))
+    tries = _gemm_tries(ext[:len(ext) - extra], batch, window, eb)
+    if not tries:
+        return [], (f"no tile fits extents {ext}: rows and columns need at least two 16-wide tiles, "
+                    f"the reduction a multiple of 8 above 8")
+    o = 1 if batch else 0
+    rebind = nest.loops[0].var.startswith("t")  # rows on threadIdx (translator: M <= 1024)
+    seqs = []
+    for bm, bn, mi, bk, w in tries[:limit]:
+        pre = []
+        if ext[o] % bm:
+            pre.append(("loop_partition", {"nest": [k], "loop": o}, {"f": max(bm, 16)}))
+        if ext[o + 1] % bn:
+            pre.append(("loop_partition", {"nest": [k], "loop": o + 1}, {"f": max(bn, 16)}))
+        seqs.append(pre + gemm_tiling(k, bm, mi, bk, w, bn=bn, operands=operands, rebind=rebind, batch=batch,
+                                      extra=extra))
+    return seqs, None
+
+
+def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
+    """The tiling sequences to try for a 2-D convolution nest ``k`` (:func:`conv_tiling`; 6
+    loops, or 7 with a batch loop first), after ``loop_partition`` steps for output rows and
+    columns the per-block tile does not divide, or ``([], reason)``."""
+    from ..leir import ast as A  # noqa: PLC0415
+
+    ext = [lp.extent for lp in nest.loops]
+    batch = len(ext) == 7
+    o = 1 if batch else 0
+    eq = nest.body[0]
+    reads = []
+    for x in A.walk(eq.value):
+        if isinstance(x, A.Tensor) and x.name != eq.target.name and x.name not in reads:
+            reads.append(x.name)
+    if len(reads) != 2 or not _product_of(eq.value, *reads):
+        return [], "not a convolution as the translator writes it (the product of an input and a filter)"
+    oh, ow, ci = ext[-5:-2]
+
+    tries = [(a, b, c) for a in (4, 2) for b in (4, 2) for c in (8, 4, 2)
+             if _tiled_extent(oh, a) > a and _tiled_extent(ow, b) > b and ci % c == 0 and c < ci]
+    if not tries:
+        return [], f"no input-channel step divides {ci} (or the output is narrower than two tiles): extents {ext}"
+    seqs = []
+    for a, b, c in tries[:4]:
+        pre = []
+        if oh % a:
+            pre.append(("loop_partition", {"nest": [k], "loop": o + 1}, {"f": 16}))
+        if ow % b:
+            pre.append(("loop_partition", {"nest": [k], "loop": o + 2}, {"f": 16}))
+        seqs.append(pre + conv_tiling(k, a, b, c, batch=batch, operands=(reads[0], reads[1])))
+    return seqs, None
+
+
+def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
+    """For every top-level reduction nest with three or more loops (the GEMM-like and
+    convolution-like kernels): ``{"nest": k, "steps": [...]}`` (the first tiling sequence
+    whose steps all apply: :func:`gemm_tiling` after any ``loop_partition`` of untiled rows
+    or columns, or :func:`conv_tiling`; largest tiles first; the rules' own checks and the
+    GPU preflight decide) or ``{"nest": k, "reason": text}`` (why none applies: the form,
+    the extents, or the first step that failed and its error)."""
     needed = ("thread_block_rebinding", "loop_split", "loop_reorder", "loop_binding", "register_tiling",
-              "shared_memory_tiling", "loop_vectorization", "loop_unrolling")
-    if not all(r in by_id for r in needed):
-        return []
+              "shared_memory_tiling", "loop_vectorization", "loop_unrolling", "loop_partition")
+    missing = [r for r in needed if r not in by_id]
     out = []
     for k, nest in enumerate(module.program.nests):
         ext = _reduction_shape(nest)
-        if ext is None:
+        if ext is None or len(ext) < 3 or not _is_reduction(nest):
             continue
-        if len(ext) == 3:
-            m, n_, kk = ext
-            tries = [(b, mi, bk, w) for b in (64, 32, 16) for mi in (4, 2) for bk in (16, 8)
-                     for w in (4, 2, 1) if m % b == 0 and n_ % b == 0 and kk % bk == 0 and b < min(m, n_) and bk < kk
-                     and (b // mi) ** 2 <= 1024 and (b * bk) % ((b // mi) ** 2 * w) == 0]
-            # enough thread blocks for the device first (132 SMs on an H100/H200: a 256x256 output in
-            # 64x64 tiles is 16 blocks, most SMs idle), the largest tile among those
-            tries.sort(key=lambda t: ((m // t[0]) * (n_ // t[0]) < 132, -t[0], -t[1], -t[2], -t[3]))
-            seqs = [gemm_tiling(k, *t) for t in tries[:6]]
+        if missing:
+            out.append({"nest": k, "reason": f"the rules {', '.join(missing)} are not loaded"})
+            continue
+        if len(ext) in (3, 4) or _gemm_form(nest) is not None:
+            seqs, reason = _gemm_sequences(k, nest)
         elif len(ext) in (6, 7):
-            batch = len(ext) == 7
-            oh, ow, ci = ext[-5:-2]
-            tries = [(a, b, c) for a in (4, 2) for b in (4, 2) for c in (8, 4, 2) if oh % a == 0 and ow % b == 0
-                     and ci % c == 0 and a < oh and b < ow and c < ci]
-            seqs = [conv_tiling(k, *t, batch=batch) for t in tries[:4]]
+            seqs, reason = _conv_sequences(k, nest)
         else:
-            continue
+            seqs, reason = [], (f"a {len(ext)}-loop reduction of neither form: GEMM-like ([batch,] rows, "
+                                f"columns, then reductions: 1-D convolutions included) or 2-D convolution "
+                                f"(6 loops, 7 batched)")
         for seq in seqs:
             try:
-                out.append(apply_steps(by_id, module, seq))
+                out.append({"nest": k, "steps": apply_steps(by_id, module, seq)})
+                reason = None
                 break
-            except Exception:  # noqa: BLE001 - these parameters do not apply here: the next
-                continue
+            except Exception as e:  # noqa: BLE001 - these parameters do not apply here: the next
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        if reason is not None:
+            out.append({"nest": k, "reason": reason})
     return out
+
+
+def _is_reduction(nest) -> bool:
+    eq = nest.body[0]
+    from ..leir import ast as A  # noqa: PLC0415
+
+    return any(isinstance(x, A.Tensor) and x.name == eq.target.name for x in A.walk(eq.value))
+
+
+def tiling_proposals(by_id: dict, module: LeirModule) -> list[list[dict]]:
+    """The tiled form of every GEMM-like and convolution-like top-level nest as one multi-step
+    proposal each (:func:`tiling_report`: the nests it refuses are left out here). Its
+    records are the steps."""
+    return [r["steps"] for r in tiling_report(by_id, module) if "steps" in r]
 
 
 def macro_proposals(rules, module: LeirModule, seed: int, per_rule: int = 4, max_steps: int = 48) -> list[list[dict]]:
@@ -479,4 +680,4 @@ def macro_proposals(rules, module: LeirModule, seed: int, per_rule: int = 4, max
 
 
 __all__ = ["MACRO_RULES", "MACRO_SEQUENCES", "CHAINS", "CANONICAL_FILTERS", "macro", "run_sequence", "chains",
-           "macro_proposals", "site_for", "apply_steps", "gemm_tiling", "conv_tiling", "tiling_proposals"]
+           "macro_proposals", "site_for", "apply_steps", "gemm_tiling", "conv_tiling", "tiling_proposals", "tiling_report"]

@@ -13,6 +13,7 @@ expressions and parameter domains in :mod:`steptp.engine.domains`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -353,6 +354,67 @@ def prim_split_nest(ctx: RewriteContext, at, nest=None):
     ctx.shift(path[:-1] + (path[-1] + 1,), +1)
     ctx.last_created = path[:-1] + (path[-1] + 1,)
     ctx.changes.append(Change("fission", format_nest(n), format_nest(a) + format_nest(b), str(NestRef(path))))
+
+
+def _implicit_init(ctx: RewriteContext, path: tuple[int, ...]) -> float | None:
+    """The identity that LEIR's implicit initialisation gives the one equation of the
+    top-level nest at ``path`` (None: no implicit init, or a nest that is not top-level)."""
+    from ..leir.analysis import analyze  # noqa: PLC0415 - the program's semantics, per call
+
+    if len(path) != 1:
+        return None
+    info = analyze(ctx.program, ctx.module.signature, check_bounds=False)
+    inits = [s.init for s in info.equations if s.inst.path[0] == path[0]]
+    if all(i is None for i in inits):
+        return None
+    n = get_nest(ctx.program, path)
+    if len(n.body) != 1 or not isinstance(n.body[0], A.Assign):
+        raise RewriteError("partition_loop: a nest with an implicitly initialised accumulation must be one equation")
+    return inits[0]
+
+
+@primitive("partition_loop", required=("at",), optional=("nest", "pos"))
+def prim_partition_loop(ctx: RewriteContext, at, nest=None, pos=None):
+    """Index-set splitting: the nest (default: the site's) runs iterations ``[0, at)`` of its
+    loop at ``pos`` (default: the site's loop) and a copy placed right after it runs
+    ``[at, n)``, its index shifted by ``at`` (the copy's loop has extent ``n - at``; every
+    other loop and the body are the same). TVM: ``tvm.tir.transform.LoopPartition``; the
+    Halide/TVM "split with a tail" that peels the iterations a tile does not divide. Sound
+    only where the loop's iterations are independent (the rule's preconditions say why).
+
+    An accumulation that LEIR initialises implicitly (its target written by no earlier
+    equation, :mod:`steptp.leir.analysis`) keeps that in the first nest; in the copy the
+    target has been written already, so a nest over the copy's spatial loops (those its
+    target subscript uses) first sets the copy's elements to the operator's identity
+    (``0.0``, ``1.0``, ``-inf``, ``inf``), right before it. Raises ``RewriteError`` unless
+    ``0 < at < n``, or for a top-level nest that is not one equation when an init is needed."""
+    path = ctx.nest_ref(nest) if nest is not None else ctx.site_nest()
+    p = ctx.value(pos) if pos is not None else ctx.site.loop
+    n = get_nest(ctx.program, path)
+    if p is None or not 0 <= p < len(n.loops):
+        raise RewriteError(f"partition_loop: no loop at position {p}")
+    lp = n.loops[p]
+    k = ctx.value(at)
+    if not isinstance(k, int) or not 0 < k < lp.extent:
+        raise RewriteError(f"partition_loop: cannot partition {lp.extent} iterations at {k}")
+    head = A.Nest(n.loops[:p] + (A.Loop(lp.kind, k, lp.var),) + n.loops[p + 1:], n.body)
+    tail = A.Nest(n.loops[:p] + (A.Loop(lp.kind, lp.extent - k, lp.var),) + n.loops[p + 1:], n.body)
+    tail = map_nest_exprs(tail, lambda e: A.substitute_indices(e, {lp.var: A.BinOp("+", A.Index(lp.var), A.Int(k))}))
+    outer = {x.var: x.extent for x in enclosing_loops(ctx.program, path)} if len(path) > 1 else {}
+    tail = simplify_subscripts(tail, outer)
+    items = (head, tail)
+    init = _implicit_init(ctx, path)
+    from ..leir.analysis import index_names  # noqa: PLC0415
+    if init is not None:
+        eq = tail.body[0]
+        used = set().union(*(index_names(i) for i in eq.target.indices)) if eq.target.indices else set()
+        value = A.Float(init) if math.isfinite(init) else (A.Neg(A.Float(math.inf)) if init < 0 else A.Float(math.inf))
+        items = (head, A.Nest(tuple(x for x in tail.loops if x.var in used), (A.Assign(eq.target, value),)), tail)
+    ctx.program = replace_items(ctx.program, path, items)
+    nxt = path[:-1] + (path[-1] + len(items) - 1,)
+    ctx.shift(path[:-1] + (path[-1] + 1,), len(items) - 1)
+    ctx.last_created = nxt
+    ctx.changes.append(Change("partition", format_nest(n), "".join(format_nest(x) for x in items), str(NestRef(path))))
 
 
 @primitive("insert_nest", required=("nest",), optional=("before", "after"), template_args={"nest": "nest"})
