@@ -497,7 +497,7 @@ def _gemm_tries(ext: list[int], batch: bool, window: int = 1, elem_bytes: int = 
     """Tile choices ``(bm, bn, micro, bk, w)`` for a GEMM of extents ``[Bt,] M, N, K``: block
     tiles of 8-128 rows and columns (a tile that does not divide M or N leaves a tail that
     ``loop_partition`` peels off, :func:`_tiled_extent`; at least two tiles remain), 64-1024 threads of ``micro`` x
-    ``micro`` outputs, ``bk`` dividing K, copies of ``w`` elements that the threads cover
+    ``micro`` outputs, ``bk`` (16, 8 or 4) dividing K, copies of ``w`` elements that the threads cover
     exactly, and shared tiles of at most 48 KiB (``(bm + bn) * window * bk`` elements of
     ``elem_bytes``: ``window`` is the product of the extra reduction loops, whose window a
     tile stages whole). Ordered: enough thread blocks for the device's multiprocessors
@@ -517,7 +517,7 @@ def _gemm_tries(ext: list[int], batch: bool, window: int = 1, elem_bytes: int = 
                 th = (bm // mi) * (bn // mi)
                 if bm % mi or bn % mi or not 64 <= th <= 1024:
                     continue
-                for bk in (16, 8):
+                for bk in (16, 8, 4):
                     if kk % bk or bk >= kk or (bm + bn) * window * bk * elem_bytes > 48 * 1024:
                         continue
                     for w in (4, 2, 1):
@@ -544,8 +544,9 @@ def _gemm_sequences(k: int, nest, limit: int = 6) -> tuple[list[list], str | Non
     eb = max(A.DTYPE_BYTES.get(t.dtype, 4) for t in A.walk(nest.body[0].value) if isinstance(t, A.Tensor))
     tries = _gemm_tries(ext[:len(ext) - extra], batch, window, eb)
     if not tries:
-        return [], (f"no tile fits extents {ext}: rows and columns need at least two 16-wide tiles, "
-                    f"the reduction a multiple of 8 above 8")
+        return [], (f"no tile fits extents {ext}: rows and columns need at least two tiles of 8 or more "
+                    f"(after peeling a tail), the reduction a step of 4, 8 or 16 that divides it and is "
+                    f"smaller, 64-1024 threads and at most 48 KiB of shared tiles")
     o = 1 if batch else 0
     rebind = nest.loops[0].var.startswith("t")  # rows on threadIdx (translator: M <= 1024)
     seqs = []
@@ -594,8 +595,8 @@ def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
 
 
 def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
-    """For every top-level reduction nest with three or more loops (the GEMM-like and
-    convolution-like kernels): ``{"nest": k, "steps": [...]}`` (the first tiling sequence
+    """For every top-level reduction nest with three or more loops whose equation multiplies
+    two tensors (the GEMM-like and convolution-like kernels): ``{"nest": k, "steps": [...]}`` (the first tiling sequence
     whose steps all apply: :func:`gemm_tiling` after any ``loop_partition`` of untiled rows
     or columns, or :func:`conv_tiling`; largest tiles first; the rules' own checks and the
     GPU preflight decide) or ``{"nest": k, "reason": text}`` (why none applies: the form,
@@ -606,7 +607,7 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
     out = []
     for k, nest in enumerate(module.program.nests):
         ext = _reduction_shape(nest)
-        if ext is None or len(ext) < 3 or not _is_reduction(nest):
+        if ext is None or len(ext) < 3 or not _is_reduction(nest) or not _multiply_accumulate(nest):
             continue
         if missing:
             out.append({"nest": k, "reason": f"the rules {', '.join(missing)} are not loaded"})
@@ -629,6 +630,16 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
         if reason is not None:
             out.append({"nest": k, "reason": reason})
     return out
+
+
+def _multiply_accumulate(nest) -> bool:
+    """Whether the nest's equation multiplies two tensors it reads (a GEMM or convolution
+    candidate; an in-place bias add or a row sum is not one)."""
+    from ..leir import ast as A  # noqa: PLC0415
+
+    eq = nest.body[0]
+    reads = sorted({x.name for x in A.walk(eq.value) if isinstance(x, A.Tensor) and x.name != eq.target.name})
+    return any(_product_of(eq.value, x, y) for x in reads for y in reads if x < y)
 
 
 def _is_reduction(nest) -> bool:
