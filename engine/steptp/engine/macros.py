@@ -376,13 +376,18 @@ def gemm_tiling(k: int, block: int = 16, micro: int = 4, bk: int = 8, w: int = 4
         ("loop_binding", {"nest": n, "loop": o + 3}, {"ax": "ty"}),  # rows of threads on y, columns on x:
         ("loop_binding", {"nest": n, "loop": o + 4}, {"ax": "tx"}),  # a warp reads one row of A's tile
         ("register_tiling", {"nest": n}, {"s": "l"}),
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": za}}, {"w": w}),
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": zb}}, {"w": w}),
-        ("loop_vectorization", {"nest": [k, 0, 0], "loop": -1, "optional": True}, {}),
-        ("loop_vectorization", {"nest": [k, 0, 1], "loop": -1, "optional": True}, {}),
-        ("loop_unrolling", {"nest": [k, 0, 2], "loop": -1}, {}),
-        ("loop_unrolling", {"nest": [k, 0, 2], "loop": -2}, {}),
-        ("loop_vectorization", {"nest": [k, 1], "loop": -1, "optional": True}, {}),
+        # register_tiling's phases: [k, 0] the initialisation, [k, 1] the accumulation, [k, 2]
+        # the write-back; the tiles' copies go first in the accumulation ([k, 1, 0], [k, 1, 1])
+        ("shared_memory_tiling", {"nest": [k, 1], "bindings": {"Z": za}}, {"w": w}),
+        ("shared_memory_tiling", {"nest": [k, 1], "bindings": {"Z": zb}}, {"w": w}),
+        ("loop_vectorization", {"nest": [k, 1, 0], "loop": -1, "optional": True}, {}),
+        ("loop_vectorization", {"nest": [k, 1, 1], "loop": -1, "optional": True}, {}),
+        ("loop_unrolling", {"nest": [k, 1, 2], "loop": -1}, {}),
+        ("loop_unrolling", {"nest": [k, 1, 2], "loop": -2}, {}),
+        # the K step too: the whole tile's multiply-adds in one straight block, so the
+        # compiler reads each thread's row of the A tile 4 elements at a time (LDS.128)
+        ("loop_unrolling", {"nest": [k, 1, 2], "loop": -3 - extra, "optional": True}, {}),
+        ("loop_vectorization", {"nest": [k, 2], "loop": -1, "optional": True}, {}),
     ]
     return steps
 
@@ -409,7 +414,7 @@ def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1,
             spec = dict(spec)
             if spec.get("nest") == n and isinstance(spec.get("loop"), int) and spec["loop"] >= 0:
                 spec["loop"] += 1
-            elif spec.get("nest") == [k, 0, 2] and spec.get("loop") == 4:
+            elif spec.get("nest") == [k, 1, 2] and spec.get("loop") == 4:
                 spec["loop"] = -1  # kw: the innermost loop of the compute phase
             if rule == "loop_reorder":
                 params = {"order": [0] + [i + 1 for i in params["order"]]}
@@ -425,11 +430,11 @@ def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1,
         ("loop_binding", {"nest": n, "loop": 3}, {"ax": "tx"}),
         ("loop_binding", {"nest": n, "loop": 4}, {"ax": "ty"}),
         ("register_tiling", {"nest": n}, {"s": "l"}),
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": za}}, {"w": w}),
+        ("shared_memory_tiling", {"nest": [k, 1], "bindings": {"Z": za}}, {"w": w}),
         # the filter slice: only where the block's threads divide it
-        ("shared_memory_tiling", {"nest": [k, 0], "bindings": {"Z": zc}, "optional": True}, {"w": w}),
-        ("loop_unrolling", {"nest": [k, 0, 2], "loop": 4, "optional": True}, {}),
-        ("loop_vectorization", {"nest": [k, 1], "loop": 2, "optional": True}, {}),
+        ("shared_memory_tiling", {"nest": [k, 1], "bindings": {"Z": zc}, "optional": True}, {"w": w}),
+        ("loop_unrolling", {"nest": [k, 1, 2], "loop": 4, "optional": True}, {}),
+        ("loop_vectorization", {"nest": [k, 2], "loop": 2, "optional": True}, {}),
     ]
 
 

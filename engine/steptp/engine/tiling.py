@@ -59,6 +59,23 @@ def reduction_axes(ctx, e) -> tuple[str, ...]:
     return tuple(l.var for l in enclosing_loops(ctx.module.program, e.path) if l.var not in used)
 
 
+def accumulation_identity(ctx, e) -> A.Expr:
+    """``accumulation_identity(E)``: the identity of E's accumulation as a LEIR literal, the
+    value LEIR's implicit initialisation gives its target (``steptp.leir.analysis``:
+    ``+``/``-`` -> ``0.0``, ``*`` -> ``1.0``, ``max`` -> ``-inf``, ``min`` -> ``inf``). A rule
+    that writes the initialisation itself uses it (TVM ``decompose_reduction``: the init
+    leaves the reduction loop). Raises ``ValueExprError`` when E is not an accumulation."""
+    from ..leir.analysis import INIT_VALUES, self_reference_kind  # noqa: PLC0415
+
+    kind = self_reference_kind(_eq("accumulation_identity", ctx, e))
+    if kind is None:
+        raise ValueExprError(f"accumulation_identity: {e} is not an accumulation")
+    v = INIT_VALUES[kind]
+    if math.isinf(v):
+        return A.Neg(A.Float(math.inf)) if v < 0 else A.Float(math.inf)
+    return A.Float(v)
+
+
 def thread_loops(ctx, loops) -> tuple:
     """``thread_loops(L)``: the loops of L bound to a threadIdx axis (``B`` loops named
     ``tx..``, ``ty..``, ``tz..``), in order: one iteration of them is one thread of a block."""
@@ -167,6 +184,7 @@ def dtype_bytes(ctx, dt) -> int:
 
 
 TILING_FUNCTIONS = {
+    "accumulation_identity": (1, accumulation_identity),
     "dtype_bytes": (1, dtype_bytes),
     "eq_loops": (1, eq_loops),
     "outer_loops": (1, outer_loops),
@@ -187,5 +205,5 @@ def _arity(fn: str):
 
 register_value_functions(TILING_FUNCTIONS)
 
-__all__ = ["TILING_FUNCTIONS", "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
+__all__ = ["TILING_FUNCTIONS", "accumulation_identity", "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
            "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run"]
