@@ -182,3 +182,35 @@ def rules_docs(output: Optional[Path] = typer.Option(None, "-o", "--output",
     except OSError as e:
         fail(f"{output}: {e.strerror or e}")
     typer.echo(f"{output}: {'written' if changed else 'unchanged'} ({len(text.splitlines())} lines)")
+
+
+@rules_app.command("tiling")
+def rules_tiling(inputs: List[Path] = typer.Argument(..., help=".leir files or directories."),
+                 as_json: bool = typer.Option(False, "--json", help="One JSON object per program.")):
+    """The GPU tiling proposal of every GEMM-like and convolution nest (the multi-step
+    proposal that the search's round 0 holds: loop partition, block/thread binding, register
+    and shared-memory tiles), or the reason it has none: the form, the extents, or the step
+    that failed and its error (steptp.engine.macros.tiling_report)."""
+    import json
+
+    from ..engine.macros import tiling_report
+    from ..rules import load_rules
+
+    by_id = {r.id: r for r in load_rules()}
+    for mod in _programs(inputs):
+        rep = tiling_report(by_id, mod)
+        name = mod.signature.name or "program"
+        if as_json:
+            typer.echo(json.dumps({"program": name, "nests": [
+                {"nest": r["nest"], "tiled": "steps" in r,
+                 **({"steps": [{k: s[k] for k in ("rule", "site", "params")} for s in r["steps"]],
+                     "leir": r["steps"][-1]["leir"]} if "steps" in r else {"reason": r["reason"]})}
+                for r in rep]}))
+            continue
+        typer.echo(f"{name}: {sum('steps' in r for r in rep)} of {len(rep)} GEMM/convolution nest(s) tiled")
+        for r in rep:
+            if "steps" in r:
+                typer.echo(f"  nest {r['nest']}: tiled in {len(r['steps'])} steps: "
+                           + ", ".join(s["rule"] for s in r["steps"]))
+            else:
+                typer.echo(f"  nest {r['nest']}: not tiled: {r['reason']}")

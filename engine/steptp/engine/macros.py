@@ -588,6 +588,12 @@ def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
              if _tiled_extent(oh, a) > a and _tiled_extent(ow, b) > b and ci % c == 0 and c < ci]
     if not tries:
         return [], f"no input-channel step divides {ci} (or the output is narrower than two tiles): extents {ext}"
+    # one block holds a whole output row: f_oh rows x (OW / f_ow) column groups of threads
+    fits = [t for t in tries if t[0] * (_tiled_extent(ow, t[1]) // t[1]) <= 1024]
+    if not fits:
+        return [], (f"an output row of {ow} columns needs {_tiled_extent(ow, 4) // 4 * 2} or more threads in "
+                    f"one block (this tiling keeps a row in a block), above 1024: extents {ext}")
+    tries = fits
     seqs = []
     for a, b, c in tries[:4]:
         pre = []
@@ -631,10 +637,20 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
                 reason = None
                 break
             except Exception as e:  # noqa: BLE001 - these parameters do not apply here: the next
-                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                reason = _refusal(e)
         if reason is not None:
             out.append({"nest": k, "reason": reason})
     return out
+
+
+def _refusal(e: Exception) -> str:
+    """The reason a tiling step failed, in words where the engine's error is terse."""
+    msg = str(e).splitlines()[0][:300]
+    if "'shared_memory_tiling': parameter w=" in msg and "domain []" in msg:
+        return ("no shared-memory tile fits: the tile holds every element the K step reads, a convolution's "
+                "input window once per output it feeds, and is above the shared memory per block or not "
+                f"covered by the block's threads ({msg})")
+    return f"{type(e).__name__}: {msg}"
 
 
 def _multiply_accumulate(nest) -> bool:
