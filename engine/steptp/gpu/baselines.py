@@ -59,7 +59,7 @@ def _torch_setup(pack: str, refdir: str | None, okey: str, device: str) -> dict:
     if key not in node._STATE:
         import torch  # noqa: PLC0415
 
-        from .eager import _arguments, _load_model  # noqa: PLC0415
+        from .eager import _arguments, _load_model, pin_tf32  # noqa: PLC0415
 
         prog = node.manifest(pack)["programs"][okey]
         d = node._program(pack, refdir, okey)
@@ -69,7 +69,7 @@ def _torch_setup(pack: str, refdir: str | None, okey: str, device: str) -> dict:
         model = model.to(device).eval()
         if len(floats) == 1:
             model = model.to(next(iter(floats)))
-        node._STATE[key] = {"model": model, "args": args, "torch": torch,
+        node._STATE[key] = {"model": model, "args": args, "torch": torch, "allow_tf32": pin_tf32(torch),
                             "dtype": str(next(iter(floats))).replace("torch.", "") if len(floats) == 1 else None}
     return node._STATE[key]
 
@@ -135,7 +135,7 @@ def measure_eager(pack: str, refdir: str | None, okey: str, best: dict, original
     trial 0's inputs. ``opts``: ``rounds``, ``min_ms``, ``torch`` (False: no PyTorch
     baselines). Returns the fields of :class:`ProgramBaselines` it measured (``*_us``,
     ``iqr_us``, ``ratios`` as dicts, ``reasons``, ``dtypes``, ``torch_dtype``,
-    ``torch_version``, ``rounds``). Raises :class:`steptp.backend.errors.ExecError` for a
+    ``torch_version``, ``allow_tf32`` (:func:`steptp.gpu.eager.pin_tf32`), ``rounds``). Raises :class:`steptp.backend.errors.ExecError` for a
     fault of our functions (the driver records it as the reason)."""
     sim = cr.simulated()
     ours_k, ours_call, built = _ours(pack, refdir, okey, best)
@@ -152,6 +152,7 @@ def measure_eager(pack: str, refdir: str | None, okey: str, best: dict, original
             t = _torch_setup(pack, refdir, okey, tdev)
             torch = t["torch"]
             out["torch_version"], out["torch_dtype"] = torch.__version__, t["dtype"]
+            out["allow_tf32"] = t["allow_tf32"]
         except Exception as e:  # noqa: BLE001  (the program's file, a missing op, no torch)
             out["reasons"]["eager_us"] = f"PyTorch model not loaded: {_short(e)}"
     elif not prog.get("torch"):
@@ -367,6 +368,7 @@ def _apply(b: ProgramBaselines, got: dict) -> None:
     for k, v in (got.get("reasons") or {}).items():
         b.set_reason(k, v)
     b.torch_version, b.torch_dtype, b.rounds = got.get("torch_version"), got.get("torch_dtype"), got.get("rounds", 0)
+    b.allow_tf32 = got.get("allow_tf32")
     b.dtypes = got.get("dtypes") or b.dtypes
     if b.eager_us is None:
         b.set_reason("eager_us", "not measured")

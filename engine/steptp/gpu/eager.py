@@ -29,6 +29,16 @@ import numpy as np
 _TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
 
 
+def pin_tf32(torch) -> dict:
+    """Turn TF32 off for cuBLAS matmuls and cuDNN convolutions (``torch.backends.cuda.matmul.
+    allow_tf32``, ``torch.backends.cudnn.allow_tf32``): our f32 kernels compute in IEEE f32, so
+    the yardsticks do too (PyTorch's default lets cuDNN convolutions run in TF32). Returns the
+    settings as recorded in each summary: ``{"matmul": False, "cudnn": False}``."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
+
+
 def _load_model(path: Path, device: str):
     import torch  # noqa: PLC0415
 
@@ -77,7 +87,7 @@ def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], 
     (:func:`steptp.runner.cuda_timing.time_rounds` with :func:`steptp.runner.baseline.torch_timer`):
     after 3 warm-up calls, ``rounds`` interleaved rounds of one measurement each, ``number``
     calls per measurement calibrated so that one of the fastest lasts ``min_ms`` milliseconds. Returns ``{"eager_us", "compile_us" (with ``compile_``),
-    "original_us", "rounds", "device"}`` in microseconds per call (medians), or ``{"error":
+    "original_us", "rounds", "device", "allow_tf32"}`` in microseconds per call (medians), or ``{"error":
     text}`` when the file cannot be loaded, its inputs do not match the program, or a call
     fails (never raises for the program's own errors)."""
     try:
@@ -88,6 +98,7 @@ def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], 
     try:
         if device == "cpu":
             torch.set_num_threads(1)
+        tf32 = pin_tf32(torch)
         model, example = _load_model(path, device)
         args = _arguments(example, prog, inputs, device)
         floats = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
@@ -115,7 +126,7 @@ def measure(path: Path, prog: dict, inputs: dict, ours: Callable[[int], float], 
     finally:
         torch.set_num_threads(threads)
     out = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-    return {**out, "rounds": rounds, "device": device}
+    return {**out, "rounds": rounds, "device": device, "allow_tf32": tf32}
 
 
 __all__ = ["measure"]

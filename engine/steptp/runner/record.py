@@ -279,6 +279,9 @@ class ProgramBaselines:
     (None: the original, nothing beat it); ``device``: ``cuda`` or ``cuda-sim`` (the
     simulated device: its figures are CPU figures, GPU-only baselines are None);
     ``dtypes``: the program's tensors' dtypes; ``torch_dtype``: the model's floating dtype;
+    ``allow_tf32``: PyTorch's TF32 switches while eager and ``torch.compile`` ran
+    (``{"matmul": bool, "cudnn": bool}``, both False: IEEE f32 like our kernels; None: no
+    PyTorch baseline ran);
     ``iqr_us``: per time field its interquartile range ``[q1, q3]``; ``ratios``: per name of
     :data:`RATIOS` a :class:`Ratio`; ``reasons``: per None time or ratio field why;
     ``cpu_figures``: what ran on the CPU of the simulated device instead (never GPU figures)."""
@@ -291,6 +294,7 @@ class ProgramBaselines:
     torch_version: str | None = None
     dtypes: dict = field(default_factory=dict)
     torch_dtype: str | None = None
+    allow_tf32: dict | None = None
     best_us: float | None = None
     best_py_us: float | None = None
     original_us: float | None = None
@@ -365,7 +369,7 @@ class ProgramBaselines:
         ratio of :data:`RATIOS` (``speedup_vs_original``, ``speedup_vs_eager``, ``speedup_vs_eager_graph``,
         ``speedup_vs_compile``, ``speedup_vs_compile_autotune``) the value and
         ``<ratio>_ci`` ([lo, hi]); for each of these that is None ``<field>_reason``; and
-        ``dtypes``, ``torch_dtype``, ``baseline_device``, ``device_name``."""
+        ``dtypes``, ``torch_dtype``, ``baseline_device``, ``device_name``, ``allow_tf32``."""
         self.fill_ratio_reasons()
         out: dict = {f: getattr(self, f) for f in TIME_FIELDS}
         for r in RATIOS:
@@ -376,7 +380,7 @@ class ProgramBaselines:
             if out[k] is None and not k.endswith("_ci"):
                 out[f"{k}_reason"] = self.reasons.get(k) or "not measured"
         out.update(dtypes=dict(self.dtypes), torch_dtype=self.torch_dtype, baseline_device=self.device,
-                   device_name=self.device_name)
+                   device_name=self.device_name, allow_tf32=dict(self.allow_tf32) if self.allow_tf32 else None)
         return out
 
 
