@@ -33,7 +33,9 @@ Each top-level nest is one kernel launch (the backend's GPU form). For a kernel:
   (absent: one sector per warp); DRAM traffic is the unique
   footprint (product of the extents of the loops the subscript uses, times the dtype size,
   capped at what the warp traffic moves) at ``DRAM_GBS``; the rest of the warp traffic is
-  served by L2 at ``L2_GBS``; shared (``s``) accesses at ``SHARED_GBS``, local (``l``) free.
+  served by L2 at ``L2_GBS``; shared (``s``) accesses at ``SHARED_GBS``, counted with the
+  register tile's reuse (issue gpu-reach: an element read inside unrolled loops its subscript
+  does not use moves once for all their iterations, as its load does), local (``l``) free.
 * kernel time = ``LAUNCH_NS`` x launches + max(issue, latency, memory) (roofline with a
   latency bound); serial loops around the first ``B`` loop are host loops, one launch per
   iteration.
@@ -199,7 +201,9 @@ def kernel_estimate(nest: A.Nest, tgt: GpuTarget | None = None) -> KernelEstimat
             if a.scope == "l":
                 continue
             if a.scope == "s":
-                shared += moved
+                # a register tile reuses each shared element over the unrolled loops its
+                # subscript does not use (the compiler loads it once for all of them)
+                shared += moved * _load_share(a, unrolled)
                 continue
             used = set().union(*[index_names(i) for i in a.indices]) if a.indices else set()
             unique = A.DTYPE_BYTES.get(a.dtype, 4) * math.prod(lp.extent for lp in loops if lp.var in used)
