@@ -104,6 +104,13 @@ def test_partitioned_gemm_keeps_its_register_tile_with_a_bias_kernel_after_it():
     assert len(final.nests) == len(orig.program.nests) + 4                 # two peeled tails, each with its init
     first = steps[0]["leir"]
     assert "=0.0;];" in first                                              # the tail starts from the identity
+    # each peeled tail runs a thread per output (rows on blockIdx.x, columns on threadIdx.x),
+    # not one thread per row over all columns
+    assert [s["rule"] for s in steps][-2:] == ["thread_block_rebinding", "loop_binding"] or \
+        [s["rule"] for s in steps][-1] == "loop_binding"
+    for nest in final.nests[1:]:
+        if any(lp.kind == "L" for lp in nest.loops) and len(nest.loops) == 3:   # a tail GEMM
+            assert nest.loops[0].var.startswith("bx") and nest.loops[1].var.startswith("tx"), nest
 
 
 def test_tiled_matmul_hot_loop_in_sm90_machine_code(tmp_path):

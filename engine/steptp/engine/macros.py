@@ -633,13 +633,60 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
                                 f"(6 loops, 7 batched)")
         for seq in seqs:
             try:
-                out.append({"nest": k, "steps": apply_steps(by_id, module, seq)})
+                steps = apply_steps(by_id, module, seq)
+                out.append({"nest": k, "steps": steps + _tail_steps(by_id, module, k, steps)})
                 reason = None
                 break
             except Exception as e:  # noqa: BLE001 - these parameters do not apply here: the next
                 reason = _refusal(e)
         if reason is not None:
             out.append({"nest": k, "reason": reason})
+    return out
+
+
+def _tail_steps(by_id: dict, module: LeirModule, k: int, steps: list[dict]) -> list[dict]:
+    """Steps that parallelise the tails ``loop_partition`` peeled off nest ``k`` (each a GEMM
+    nest over the rows or columns no tile covered, rows on threads and the rest serial: one
+    thread would run all the tail's columns times K): rows to ``blockIdx.x`` (the batch, if
+    any, to ``blockIdx.z``), columns to ``threadIdx.x`` (split by a divisor of 32-256 first
+    when there are more than 1024, the outer part on ``blockIdx.y``): a thread per output, as
+    a plain GEMM kernel. A tail where these steps do not apply stays as it is."""
+    from ..leir import parse_leir  # noqa: PLC0415
+
+    if not steps or not any(st["rule"] == "loop_partition" for st in steps):
+        return []
+    cur = LeirModule(module.signature, parse_leir(steps[-1]["leir"], "<tiled>").program)
+    added = len(cur.program.nests) - len(module.program.nests)
+    out: list[dict] = []
+    for j in range(k + 1, k + 1 + added):
+        nest = cur.program.nests[j]
+        ext = _reduction_shape(nest)
+        if ext is None or len(ext) not in (3, 4) or not _is_reduction(nest) or not _multiply_accumulate(nest):
+            continue  # a tail's initialisation (an elementwise nest)
+        o = len(ext) - 3
+        loops = nest.loops
+        seq = []
+        if o:
+            seq += [("thread_block_rebinding", {"nest": [j], "loop": 0}, {"ax": "bz"}),
+                    ("loop_binding", {"nest": [j], "loop": 1}, {"ax": "bx"})]
+        elif loops[0].var.startswith("t"):
+            seq.append(("thread_block_rebinding", {"nest": [j], "loop": 0}, {"ax": "bx"}))
+        n = loops[o + 1].extent
+        if n <= 1024:
+            seq.append(("loop_binding", {"nest": [j], "loop": o + 1}, {"ax": "tx"}))
+        else:
+            t = next((t for t in range(256, 31, -1) if n % t == 0), None)
+            if t is None:
+                continue
+            seq += [("loop_split", {"nest": [j], "loop": o + 1}, {"f": t}),
+                    ("loop_binding", {"nest": [j], "loop": o + 1}, {"ax": "by"}),
+                    ("loop_binding", {"nest": [j], "loop": o + 2}, {"ax": "tx"})]
+        try:
+            done = apply_steps(by_id, cur, seq)
+        except Exception:  # noqa: BLE001 - this tail stays as it is
+            continue
+        out += done
+        cur = LeirModule(module.signature, parse_leir(done[-1]["leir"], "<tiled>").program)
     return out
 
 
