@@ -623,10 +623,17 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
         if missing:
             out.append({"nest": k, "reason": f"the rules {', '.join(missing)} are not loaded"})
             continue
+        from ..leir import ast as A  # noqa: PLC0415
+
+        outs = sum(isinstance(x, A.Index) for x in nest.body[0].target.indices)  # output loops
         if len(ext) in (3, 4) or _gemm_form(nest) is not None:
             seqs, reason = _gemm_sequences(k, nest)
-        elif len(ext) in (6, 7):
+        elif len(ext) in (6, 7) and outs == len(ext) - 3:
             seqs, reason = _conv_sequences(k, nest)
+        elif len(ext) in (6, 7):
+            seqs, reason = [], (f"{outs} output loop(s) and {len(ext) - outs} reduction loop(s) (extents {ext}; a "
+                                f"pointwise 3-D convolution has 5 and 1): neither a GEMM ([batch,] rows, columns) nor "
+                                f"a 2-D convolution; no tiling sequence has this form yet")
         else:
             seqs, reason = [], (f"a {len(ext)}-loop reduction of neither form: GEMM-like ([batch,] rows, "
                                 f"columns, then reductions: 1-D convolutions included) or 2-D convolution "
@@ -697,6 +704,9 @@ def _refusal(e: Exception) -> str:
         return ("no shared-memory tile fits: the tile holds every element the K step reads, a convolution's "
                 "input window once per output it feeds, and is above the shared memory per block or not "
                 f"covered by the block's threads ({msg})")
+    if isinstance(e, LookupError) and "0 matching site(s)" in msg:
+        return (f"a step found no site: {msg} (the nest's form differs from what the tiling sequence "
+                f"expects at that step)")
     return f"{type(e).__name__}: {msg}"
 
 
