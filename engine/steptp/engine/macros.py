@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 
+from ..leir import ast as A
 from ..leir.fileformat import LeirModule
 
 #: Rules proposed as "apply at every site" macros besides their single steps.
@@ -335,8 +336,8 @@ def gemm_tiling(k: int, block: int = 16, micro: int = 4, bk: int = 8, w: int = 4
     has a batch loop first (``B^{Bt}_{tx}L^{M}L^{N}L^{K}``, a batched matmul): the batch goes
     to ``blockIdx.z``, the row tiles to ``blockIdx.x``, every later loop position one further.
     ``extra``: further reduction loops after K (a convolution's window), kept serial right
-    inside the K step, around the micro-tile. The extents must be multiples of the tiles (:func:`tiling_proposals` partitions the rest
-    off first, rule ``loop_partition``)."""
+    inside the K step, around the micro-tile. The extents must be multiples of the tiles
+    (:func:`tiling_report` partitions the rest off first, rule ``loop_partition``)."""
     n = [k]
     bn = bn or block
     za, zb = operands
@@ -367,7 +368,8 @@ def gemm_tiling(k: int, block: int = 16, micro: int = 4, bk: int = 8, w: int = 4
             ("loop_split", {"nest": n, "loop": o + 4}, {"f": bk}),
             ("loop_split", {"nest": n, "loop": o + 2}, {"f": micro}),
             ("loop_split", {"nest": n, "loop": o + 4}, {"f": micro}),
-            ("loop_reorder", {"nest": n}, {"order": shifted([0, 1, 6, 2, 4, 7] + [8 + i for i in range(extra)] + [3, 5])}),
+            ("loop_reorder", {"nest": n},
+             {"order": shifted([0, 1, 6, 2, 4, 7] + [8 + i for i in range(extra)] + [3, 5])}),
         ]
     if batch:
         steps.append(("loop_binding", {"nest": n, "loop": 1}, {"ax": "bx"}))
@@ -441,8 +443,6 @@ def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1,
 def _reduction_shape(nest) -> list[int] | None:
     """The loop extents of a top-level nest ``B L .. L [one equation]`` whose first loop is the
     only bound one, else None."""
-    from ..leir import ast as A  # noqa: PLC0415
-
     loops = nest.loops
     if not loops or loops[0].kind != "B" or any(lp.kind != "L" for lp in loops[1:]):
         return None
@@ -458,8 +458,6 @@ def _gemm_form(nest) -> tuple[tuple[str, str], bool, int] | None:
     reduction loops after K (a 1-D convolution ``[N, CO, L, CI, KW]`` is a batched GEMM of
     CO x L outputs over CI, with the window loop KW inside); the value reads two tensors
     besides ``C``. Else None."""
-    from ..leir import ast as A  # noqa: PLC0415
-
     loops = nest.loops
     eq = nest.body[0]
     names = [lp.var for lp in loops]
@@ -478,8 +476,6 @@ def _gemm_form(nest) -> tuple[tuple[str, str], bool, int] | None:
 def _product_of(value, x: str, y: str) -> bool:
     """Whether ``value`` holds a product of a term reading ``x`` and a term reading ``y`` (the
     multiply-accumulate of a GEMM or convolution, not e.g. a softmax's sum of exp(x - max))."""
-    from ..leir import ast as A  # noqa: PLC0415
-
     def names(t):
         return {z.name for z in A.walk(t) if isinstance(z, A.Tensor)}
 
@@ -501,9 +497,9 @@ def _tiled_extent(e: int, tile: int) -> int:
 def _gemm_tries(ext: list[int], batch: bool, window: int = 1, elem_bytes: int = 4) -> list[tuple]:
     """Tile choices ``(bm, bn, micro, bk, w)`` for a GEMM of extents ``[Bt,] M, N, K``: block
     tiles of 8-128 rows and columns (a tile that does not divide M or N leaves a tail that
-    ``loop_partition`` peels off, :func:`_tiled_extent`; at least two tiles remain), 64-1024 threads of ``micro`` x
-    ``micro`` outputs, ``bk`` (16, 8 or 4) dividing K, copies of ``w`` elements that the threads cover
-    exactly, and shared tiles of at most 48 KiB (``(bm + bn) * window * bk`` elements of
+    ``loop_partition`` peels off, :func:`_tiled_extent`; at least two tiles remain), 64-1024
+    threads of ``micro`` x ``micro`` outputs, ``bk`` (16, 8 or 4) dividing K, copies of ``w``
+    elements that the threads cover exactly, and shared tiles of at most 48 KiB (``(bm + bn) * window * bk`` elements of
     ``elem_bytes``: ``window`` is the product of the extra reduction loops, whose window a
     tile stages whole). Ordered: enough thread blocks for the device's multiprocessors
     (``cost_model.gpu.GpuTarget().sms``) first, then the largest tile, the largest micro-tile
@@ -543,8 +539,6 @@ def _gemm_sequences(k: int, nest, limit: int = 6) -> tuple[list[list], str | Non
         return [], "not a GEMM as the translator writes it ([batch,] rows, columns, one reduction; C = C + X*Y)"
     operands, batch, extra = form
     ext = [lp.extent for lp in nest.loops]
-    from ..leir import ast as A  # noqa: PLC0415
-
     window = math.prod(ext[len(ext) - extra:])
     eb = max(A.DTYPE_BYTES.get(t.dtype, 4) for t in A.walk(nest.body[0].value) if isinstance(t, A.Tensor))
     tries = _gemm_tries(ext[:len(ext) - extra], batch, window, eb)
@@ -570,8 +564,6 @@ def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
     """The tiling sequences to try for a 2-D convolution nest ``k`` (:func:`conv_tiling`; 6
     loops, or 7 with a batch loop first), after ``loop_partition`` steps for output rows and
     columns the per-block tile does not divide, or ``([], reason)``."""
-    from ..leir import ast as A  # noqa: PLC0415
-
     ext = [lp.extent for lp in nest.loops]
     batch = len(ext) == 7
     o = 1 if batch else 0
@@ -607,8 +599,8 @@ def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
 
 def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
     """For every top-level reduction nest with three or more loops whose equation multiplies
-    two tensors (the GEMM-like and convolution-like kernels): ``{"nest": k, "steps": [...]}`` (the first tiling sequence
-    whose steps all apply: :func:`gemm_tiling` after any ``loop_partition`` of untiled rows
+    two tensors (the GEMM-like and convolution-like kernels): ``{"nest": k, "steps": [...]}``
+    (the first tiling sequence whose steps all apply: :func:`gemm_tiling` after any ``loop_partition`` of untiled rows
     or columns, or :func:`conv_tiling`; largest tiles first; the rules' own checks and the
     GPU preflight decide) or ``{"nest": k, "reason": text}`` (why none applies: the form,
     the extents, or the first step that failed and its error)."""
@@ -623,8 +615,6 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
         if missing:
             out.append({"nest": k, "reason": f"the rules {', '.join(missing)} are not loaded"})
             continue
-        from ..leir import ast as A  # noqa: PLC0415
-
         outs = sum(isinstance(x, A.Index) for x in nest.body[0].target.indices)  # output loops
         if len(ext) in (3, 4) or _gemm_form(nest) is not None:
             seqs, reason = _gemm_sequences(k, nest)
@@ -713,8 +703,6 @@ def _refusal(e: Exception) -> str:
 def _multiply_accumulate(nest) -> bool:
     """Whether the nest's equation multiplies two tensors it reads (a GEMM or convolution
     candidate; an in-place bias add or a row sum is not one)."""
-    from ..leir import ast as A  # noqa: PLC0415
-
     eq = nest.body[0]
     reads = sorted({x.name for x in A.walk(eq.value) if isinstance(x, A.Tensor) and x.name != eq.target.name})
     return any(_product_of(eq.value, x, y) for x in reads for y in reads if x < y)
@@ -722,8 +710,6 @@ def _multiply_accumulate(nest) -> bool:
 
 def _is_reduction(nest) -> bool:
     eq = nest.body[0]
-    from ..leir import ast as A  # noqa: PLC0415
-
     return any(isinstance(x, A.Tensor) and x.name == eq.target.name for x in A.walk(eq.value))
 
 
@@ -769,4 +755,5 @@ def macro_proposals(rules, module: LeirModule, seed: int, per_rule: int = 4, max
 
 
 __all__ = ["MACRO_RULES", "MACRO_SEQUENCES", "CHAINS", "CANONICAL_FILTERS", "macro", "run_sequence", "chains",
-           "macro_proposals", "site_for", "apply_steps", "gemm_tiling", "conv_tiling", "tiling_proposals", "tiling_report"]
+           "macro_proposals", "site_for", "apply_steps", "gemm_tiling", "conv_tiling", "tiling_proposals",
+           "tiling_report"]

@@ -205,5 +205,6 @@ def _arity(fn: str):
 
 register_value_functions(TILING_FUNCTIONS)
 
-__all__ = ["TILING_FUNCTIONS", "accumulation_identity", "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
+__all__ = ["TILING_FUNCTIONS", "accumulation_identity",
+           "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
            "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run"]
