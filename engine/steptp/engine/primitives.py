@@ -388,6 +388,8 @@ def prim_partition_loop(ctx: RewriteContext, at, nest=None, pos=None):
     target subscript uses) first sets the copy's elements to the operator's identity
     (``0.0``, ``1.0``, ``-inf``, ``inf``), right before it. Raises ``RewriteError`` unless
     ``0 < at < n``, or for a top-level nest that is not one equation when an init is needed."""
+    from ..leir.analysis import index_names  # noqa: PLC0415
+
     path = ctx.nest_ref(nest) if nest is not None else ctx.site_nest()
     p = ctx.value(pos) if pos is not None else ctx.site.loop
     n = get_nest(ctx.program, path)
@@ -404,7 +406,6 @@ def prim_partition_loop(ctx: RewriteContext, at, nest=None, pos=None):
     tail = simplify_subscripts(tail, outer)
     items = (head, tail)
     init = _implicit_init(ctx, path)
-    from ..leir.analysis import index_names  # noqa: PLC0415
     if init is not None:
         eq = tail.body[0]
         used = set().union(*(index_names(i) for i in eq.target.indices)) if eq.target.indices else set()
