@@ -464,13 +464,15 @@ def _gemm_form(nest) -> tuple[tuple[str, str], bool, int] | None:
     tgt = [x.name if isinstance(x, A.Index) else None for x in eq.target.indices]
     if len(tgt) not in (2, 3) or tgt != names[:len(tgt)] or len(loops) <= len(tgt):
         return None
-    reads = []
-    for x in A.walk(eq.value):
-        if isinstance(x, A.Tensor) and x.name != eq.target.name and x.name not in reads:
-            reads.append(x.name)
+    reads = _operands(eq)
     if len(reads) != 2 or not _is_reduction(nest) or not _product_of(eq.value, *reads):
         return None
     return (reads[0], reads[1]), len(tgt) == 3, len(loops) - len(tgt) - 1
+
+
+def _operands(eq) -> list[str]:
+    """The tensors equation ``eq``'s value reads besides its target, in order of first read."""
+    return list(dict.fromkeys(x.name for x in A.walk(eq.value) if isinstance(x, A.Tensor) and x.name != eq.target.name))
 
 
 def _product_of(value, x: str, y: str) -> bool:
@@ -530,11 +532,10 @@ def _gemm_tries(ext: list[int], batch: bool, window: int = 1, elem_bytes: int = 
     return [t for _, t in sorted(tries)]
 
 
-def _gemm_sequences(k: int, nest, limit: int = 6) -> tuple[list[list], str | None]:
-    """The tiling sequences to try for GEMM nest ``k`` (:func:`gemm_tiling`, after
-    ``loop_partition`` steps for the rows and columns the tile does not divide), or ``([],
-    reason)``."""
-    form = _gemm_form(nest)
+def _gemm_sequences(k: int, nest, form, limit: int = 6) -> tuple[list[list], str | None]:
+    """The tiling sequences to try for GEMM nest ``k`` of form ``form`` (:func:`_gemm_form`)
+    (:func:`gemm_tiling`, after ``loop_partition`` steps for the rows and columns the tile
+    does not divide), or ``([], reason)``."""
     if form is None:
         return [], "not a GEMM as the translator writes it ([batch,] rows, columns, one reduction; C = C + X*Y)"
     operands, batch, extra = form
@@ -568,10 +569,7 @@ def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
     batch = len(ext) == 7
     o = 1 if batch else 0
     eq = nest.body[0]
-    reads = []
-    for x in A.walk(eq.value):
-        if isinstance(x, A.Tensor) and x.name != eq.target.name and x.name not in reads:
-            reads.append(x.name)
+    reads = _operands(eq)
     if len(reads) != 2 or not _product_of(eq.value, *reads):
         return [], "not a convolution as the translator writes it (the product of an input and a filter)"
     oh, ow, ci = ext[-5:-2]
@@ -616,8 +614,9 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
             out.append({"nest": k, "reason": f"the rules {', '.join(missing)} are not loaded"})
             continue
         outs = sum(isinstance(x, A.Index) for x in nest.body[0].target.indices)  # output loops
-        if len(ext) in (3, 4) or _gemm_form(nest) is not None:
-            seqs, reason = _gemm_sequences(k, nest)
+        form = _gemm_form(nest)
+        if len(ext) in (3, 4) or form is not None:
+            seqs, reason = _gemm_sequences(k, nest, form)
         elif len(ext) in (6, 7) and outs == len(ext) - 3:
             seqs, reason = _conv_sequences(k, nest)
         elif len(ext) in (6, 7):
@@ -704,8 +703,8 @@ def _multiply_accumulate(nest) -> bool:
     """Whether the nest's equation multiplies two tensors it reads (a GEMM or convolution
     candidate; an in-place bias add or a row sum is not one)."""
     eq = nest.body[0]
-    reads = sorted({x.name for x in A.walk(eq.value) if isinstance(x, A.Tensor) and x.name != eq.target.name})
-    return any(_product_of(eq.value, x, y) for x in reads for y in reads if x < y)
+    reads = _operands(eq)
+    return any(_product_of(eq.value, x, y) for i, x in enumerate(reads) for y in reads[i + 1:])
 
 
 def _is_reduction(nest) -> bool:

@@ -13,7 +13,6 @@ expressions and parameter domains in :mod:`steptp.engine.domains`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -268,16 +267,23 @@ def prim_permute_loops(ctx: RewriteContext, order, nest=None):
     ctx.changes.append(Change("loops", format_loops(n.loops), format_loops(loops), str(NestRef(path))))
 
 
+def _loop_at(ctx: RewriteContext, nest, pos, prim: str) -> tuple[tuple[int, ...], int, A.Nest]:
+    """``(path, position, nest)`` of the loop a step names (default: the site's nest and
+    loop). Raises ``RewriteError`` naming primitive ``prim`` when there is no such loop."""
+    path = ctx.nest_ref(nest) if nest is not None else ctx.site_nest()
+    p = ctx.value(pos) if pos is not None else ctx.site.loop
+    n = get_nest(ctx.program, path)
+    if p is None or not 0 <= p < len(n.loops):
+        raise RewriteError(f"{prim}: no loop at position {p}")
+    return path, p, n
+
+
 @primitive("set_loop", optional=("nest", "pos", "kind", "extent", "var"))
 def prim_set_loop(ctx: RewriteContext, nest=None, pos=None, kind=None, extent=None, var=None):
     """Change one loop's kind, extent and/or index name (default: the site's loop). A new
     index name is substituted in the nest's equations. TVM: ``sch.parallel``,
     ``sch.vectorize``, ``sch.unroll``, ``sch.bind``."""
-    path = ctx.nest_ref(nest) if nest is not None else ctx.site_nest()
-    p = ctx.value(pos) if pos is not None else ctx.site.loop
-    n = get_nest(ctx.program, path)
-    if p is None or not 0 <= p < len(n.loops):
-        raise RewriteError(f"set_loop: no loop at position {p}")
+    path, p, n = _loop_at(ctx, nest, pos, "set_loop")
     old = n.loops[p]
     k = ctx.value(kind) if kind is not None else old.kind
     e = ctx.value(extent) if extent is not None else old.extent
@@ -390,11 +396,7 @@ def prim_partition_loop(ctx: RewriteContext, at, nest=None, pos=None):
     ``0 < at < n``, or for a top-level nest that is not one equation when an init is needed."""
     from ..leir.analysis import index_names  # noqa: PLC0415
 
-    path = ctx.nest_ref(nest) if nest is not None else ctx.site_nest()
-    p = ctx.value(pos) if pos is not None else ctx.site.loop
-    n = get_nest(ctx.program, path)
-    if p is None or not 0 <= p < len(n.loops):
-        raise RewriteError(f"partition_loop: no loop at position {p}")
+    path, p, n = _loop_at(ctx, nest, pos, "partition_loop")
     lp = n.loops[p]
     k = ctx.value(at)
     if not isinstance(k, int) or not 0 < k < lp.extent:
@@ -409,8 +411,8 @@ def prim_partition_loop(ctx: RewriteContext, at, nest=None, pos=None):
     if init is not None:
         eq = tail.body[0]
         used = set().union(*(index_names(i) for i in eq.target.indices)) if eq.target.indices else set()
-        value = A.Float(init) if math.isfinite(init) else (A.Neg(A.Float(math.inf)) if init < 0 else A.Float(math.inf))
-        items = (head, A.Nest(tuple(x for x in tail.loops if x.var in used), (A.Assign(eq.target, value),)), tail)
+        items = (head, A.Nest(tuple(x for x in tail.loops if x.var in used),
+                              (A.Assign(eq.target, A.float_literal(init)),)), tail)
     ctx.program = replace_items(ctx.program, path, items)
     nxt = path[:-1] + (path[-1] + len(items) - 1,)
     ctx.shift(path[:-1] + (path[-1] + 1,), len(items) - 1)

@@ -70,10 +70,7 @@ def accumulation_identity(ctx, e) -> A.Expr:
     kind = self_reference_kind(_eq("accumulation_identity", ctx, e))
     if kind is None:
         raise ValueExprError(f"accumulation_identity: {e} is not an accumulation")
-    v = INIT_VALUES[kind]
-    if math.isinf(v):
-        return A.Neg(A.Float(math.inf)) if v < 0 else A.Float(math.inf)
-    return A.Float(v)
+    return A.float_literal(INIT_VALUES[kind])
 
 
 def thread_loops(ctx, loops) -> tuple:

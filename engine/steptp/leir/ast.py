@@ -105,6 +105,12 @@ def int_literal(value: int) -> "Int | Neg":
     return Int(value) if value >= 0 else Neg(Int(-value))
 
 
+def float_literal(value: float) -> "Float | Neg":
+    """The canonical AST of a float constant (``inf`` included): ``Float(v)`` for v >= 0,
+    ``Neg(Float(-v))`` otherwise, as the parser reads ``-inf`` or ``-1.0``."""
+    return Float(value) if value >= 0 else Neg(Float(-value))
+
+
 @dataclass(frozen=True)
 class Float:
     value: float
