@@ -10,6 +10,7 @@ a nest that is not tiled names its reason."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -19,6 +20,7 @@ from steptp.backend import cuda_source
 from steptp.engine.macros import tiling_report
 from steptp.frontend.translate import translate_model
 from steptp.leir import LeirModule, parse_leir
+from steptp.leir import ast as A
 from steptp.rules import load_rules
 from steptp.verify import verify_pair
 
@@ -59,7 +61,10 @@ def test_translated_program_gets_a_tiled_nest_that_verifies_equal(name):
     assert rules[:len(want_partitions)] == want_partitions, rules
     if name == "linear_rows_on_blocks":
         assert "thread_block_rebinding" not in rules                     # rows were on blockIdx already
-    assert "register_tiling" in rules and rules.count("shared_memory_tiling") >= 1
+    staged = rules.count("shared_memory_tiling") + rules.count("shared_memory_window_tiling")
+    assert "register_tiling" in rules and staged >= 1
+    if name.startswith("conv2d"):
+        assert "shared_memory_window_tiling" in rules                    # the input window, not a 9x tile
     text = steps[-1]["leir"]
     assert ",s}" in text and ",l}" in text                                 # a shared tile and a register tile
     after = LeirModule(orig.signature, parse_leir(text, "<tiled>").program)
@@ -145,3 +150,64 @@ def test_static_gpu_model_ranks_the_tiled_gemm_first_and_not_memory_bound():
     assert final < estimate_gpu_ns(mod.program) and final < min(partial), (final, partial)
     k = kernel_estimate(progs[-1].nests[0])
     assert k.issue_ns > k.memory_ns, k
+
+
+def _eval(e, env):
+    """An integer index expression or condition of LEIR, evaluated with loop indices ``env``."""
+    if isinstance(e, A.Int):
+        return e.value
+    if isinstance(e, A.Index):
+        return env[e.name]
+    if isinstance(e, A.BinOp):
+        a, b = _eval(e.lhs, env), _eval(e.rhs, env)
+        return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0}[e.op]
+    if isinstance(e, A.Compare):
+        a, b = _eval(e.lhs, env), _eval(e.rhs, env)
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[e.op]
+    raise TypeError(e)
+
+
+def _copies(nest, loops=()):
+    """(loops around it, equation) of every copy into a shared tensor inside ``nest``."""
+    loops = loops + tuple(nest.loops)
+    for item in nest.body:
+        if isinstance(item, A.Nest):
+            yield from _copies(item, loops)
+        elif item.target.scope == "s":
+            yield loops, item
+
+
+def test_convolution_window_reads_each_input_element_into_shared_memory_once_per_block():
+    """Issue gpu-reach: the convolution's candidate copies no input element into shared
+    memory twice in one block. Every copy step of block (0, 0, 0) and every reduction step
+    is enumerated on the translated Conv2d's tiled LEIR; the elements of the input it
+    stages (guarded padding left out) are distinct, and they are exactly the window a
+    3x3 filter reads for the block's outputs."""
+    torch.manual_seed(0)
+    orig = translate_model(torch.nn.Conv2d(8, 16, 3), [torch.randn(2, 8, 34, 260)], name="conv").module
+    steps = next(r["steps"] for r in tiling_report(RULES, orig) if "steps" in r)
+    prog = parse_leir(steps[-1]["leir"], "<tiled>").program
+    (loops, eq), = list(_copies(prog.nests[0]))
+    assert isinstance(eq.value, A.Call) and eq.value.func == "if_then_else"
+    cond, src = eq.value.args[0], eq.value.args[1]
+    outer = [l for l in loops if l.kind == "B" and l.var.startswith("b")]
+    inner = [l for l in loops if l not in outer]
+    serial = [l for l in inner if not (l.kind == "B")]
+    copy_loop = serial[-1]                                  # the copy's own loop (innermost serial)
+    steps_loops = [l for l in serial if l is not copy_loop]  # serial column tiles, reduction step
+    threads = [l for l in inner if l.kind == "B"]
+    for outer_vals in itertools.product(*[range(l.extent) for l in steps_loops]):
+        seen = []
+        for vals in itertools.product(*[range(l.extent) for l in threads + [copy_loop]]):
+            env = {l.var: 0 for l in outer}
+            env.update({l.var: v for l, v in zip(steps_loops, outer_vals)})
+            env.update({l.var: v for l, v in zip(threads + [copy_loop], vals)})
+            if _eval(cond, env):
+                seen.append(tuple(_eval(x, env) for x in src.indices))
+        assert len(seen) == len(set(seen)), "an input element is staged twice in one block"
+        rows = {s[2] for s in seen}
+        cols = {s[3] for s in seen}
+        chans = {s[1] for s in seen}
+        # the window: the block's rows and columns plus the 3x3 halo, each (ci, row, col) once
+        assert len(seen) == len(chans) * len(rows) * len(cols)
+        assert max(rows) - min(rows) + 1 == len(rows) and max(cols) - min(cols) + 1 == len(cols)

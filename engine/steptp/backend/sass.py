@@ -113,7 +113,8 @@ def parse_ptxas(stderr: str) -> dict[str, dict]:
 
 def measure(module, arch: str, workdir: Path, tag: str) -> dict:
     """Compile ``module``'s CUDA C (:func:`steptp.backend.cuda_source`) for ``arch`` (e.g.
-    ``sm_90``) in ``workdir`` and read the kernel with the most multiply-adds: ``{"kernel",
+    ``sm_90``) in ``workdir`` and read the kernel with the most multiply-adds among those that
+    use shared memory (all kernels when none does): ``{"kernel",
     "kernels", "registers", "smem_bytes" (per block), "spill_stores", "spill_loads" (bytes),
     "hot_loop": :func:`hot_loop`}``. Raises ``RuntimeError`` when nvcc or cuobjdump is missing
     or fails."""
@@ -134,7 +135,10 @@ def measure(module, arch: str, workdir: Path, tag: str) -> dict:
     if d.returncode != 0:
         raise RuntimeError(f"cuobjdump failed: {d.stderr.strip()[:400]}")
     funcs = parse_sass(d.stdout)
-    name = max(funcs, key=lambda f: sum(1 for _, o, _ in funcs[f] if o.split(".")[0] in FMA))
+    # the tiled kernel: among kernels that use shared memory (if any), the most multiply-adds;
+    # an untiled tail kernel (loop_partition's rest) may hold more unrolled ones
+    tiled = [f for f in funcs if regs.get(f, {}).get("smem_bytes", 0) > 0] or list(funcs)
+    name = max(tiled, key=lambda f: sum(1 for _, o, _ in funcs[f] if o.split(".")[0] in FMA))
     return {"kernel": name, "kernels": len(funcs), **regs.get(name, {}), "hot_loop": hot_loop(funcs[name])}
 
 

@@ -440,6 +440,79 @@ def conv_tiling(k: int, f_oh: int = 4, f_ow: int = 4, f_ci: int = 8, w: int = 1,
     ]
 
 
+def conv_window_tiling(k: int, t_oh: int = 4, t_ow: int = 32, f_ow: int = 4, f_ci: int = 2, f_co: int = 1,
+                       batch: bool = False, operands: tuple[str, str] = ("A", "C")) -> list:
+    """The steps that take top-level nest ``k``, a 2-D convolution as the translator writes it
+    (``B^{CO}_{tx}L^{OH}_{a}L^{OW}_{c}L^{CI}_{d}L^{KH}_{f}L^{KW}_{g}``, or with a batch loop
+    first), to output tiles of ``f_co`` channels x ``t_oh`` rows x ``t_ow*f_ow`` columns per
+    block: the channel tiles on ``blockIdx.x``, the row tiles on ``blockIdx.y`` (the batch on
+    ``blockIdx.z``), the column tiles a serial loop each block walks through; ``t_oh x t_ow``
+    threads, each with ``f_co x f_ow`` outputs in registers (its columns ``t_ow`` apart:
+    consecutive threads read consecutive shared words, no bank conflict, and write
+    consecutive outputs; an input value read from shared memory feeds ``f_co`` multiply-adds,
+    a filter value ``f_ow``); per ``f_ci`` input channels the input *window* of the tile
+    (``f_ci x (t_oh+KH-1) x (t_ow*f_ow+KW-1)`` elements, each once; ``f_ci = 1``: the input
+    channel loop itself is the step, one channel at a time: ``shared_memory_window_tiling``)
+    in shared memory; the register loops and ``kw`` unrolled. ``f_co > 1`` needs the batch
+    loop (the channel loop is then still serial when it is split). ``loop_reorder`` permutes
+    at most the 7 innermost loops, so the splits and reorders alternate. Rows and columns the
+    block tile does not cover need ``loop_partition`` first (:func:`_conv_sequences`).
+    ``operands``: the input and the filter."""
+    n = [k]
+    za, _ = operands
+    names = (["n"] if batch else []) + ["co", "oh", "ow", "ci", "kh", "kw"]
+    steps: list = [("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bz" if batch else "bx"})]
+
+    def split(name: str, f: int, outer: str, inner: str) -> None:
+        i = names.index(name)
+        steps.append(("loop_split", {"nest": n, "loop": i}, {"f": f}))
+        names[i:i + 1] = [outer, inner]
+
+    def reorder(target: list[str]) -> None:
+        fixed = len(names) - len(target)
+        want = names[:fixed] + target
+        steps.append(("loop_reorder", {"nest": n}, {"order": [names.index(x) for x in want]}))
+        names[:] = want
+
+    regs = ["ow_r"]
+    if batch and f_co > 1:
+        split("co", f_co, "co_o", "co_r")
+        reorder(["co_o", "oh", "ow", "ci", "kh", "kw", "co_r"])
+        regs = ["co_r", "ow_r"]
+    co = "co_o" if "co_o" in names else "co"
+    rest = regs[:-1]  # co_r, when there
+    split("oh", t_oh, "oh_o", "oh_i")
+    split("ow", t_ow * f_ow, "ow_o", "ow_in")
+    reorder((["ow_o", "oh_i", "ow_in", "ci", "kh", "kw"] + rest)[-7:] if rest else
+            ["oh_o", "ow_o", "oh_i", "ow_in", "ci", "kh", "kw"])
+    if f_ci > 1:
+        split("ci", f_ci, "ci_o", "ci_i")
+        reorder(["ci_o", "oh_i", "ow_in", "ci_i", "kh", "kw"] + rest if rest else
+                ["ow_o", "ci_o", "oh_i", "ow_in", "ci_i", "kh", "kw"])
+    else:  # the whole input channel loop is the staged step: one channel's window at a time
+        reorder(["ow_o", "ci", "oh_i", "ow_in", "kh", "kw"] + rest)
+    split("ow_in", t_ow, "ow_r", "ow_t")  # a thread's columns t_ow apart
+    inner = ["ci_i"] if f_ci > 1 else []
+    reorder((["oh_i", "ow_t"] + inner + ["kh", "kw"] + regs)[-7:])
+    steps.append(("loop_binding", {"nest": n, "loop": names.index(co)}, {"ax": "bx"}) if batch else
+                 ("loop_binding", {"nest": n, "loop": names.index("oh_o")}, {"ax": "by"}))
+    if batch:
+        steps.append(("loop_binding", {"nest": n, "loop": names.index("oh_o")}, {"ax": "by"}))
+    steps += [
+        ("loop_binding", {"nest": n, "loop": names.index("oh_i")}, {"ax": "ty"}),
+        ("loop_binding", {"nest": n, "loop": names.index("ow_t")}, {"ax": "tx"}),
+        ("register_tiling", {"nest": n}, {"s": "l"}),
+        ("shared_memory_window_tiling", {"nest": [k, 1], "bindings": {"Z": za}}, {"p": 1}),
+    ]
+    # the register loops (innermost) and kw unrolled: the accumulators stay in registers
+    for i in range(len(regs) + 1):
+        steps.append(("loop_unrolling", {"nest": [k, 1, 1], "loop": -1 - i, "optional": True}, {}))
+    for i in range(len(regs)):
+        steps += [("loop_unrolling", {"nest": [k, 0], "loop": -1 - i, "optional": True}, {}),
+                  ("loop_unrolling", {"nest": [k, 2], "loop": -1 - i, "optional": True}, {})]
+    return steps
+
+
 def _reduction_shape(nest) -> list[int] | None:
     """The loop extents of a top-level nest ``B L .. L [one equation]`` whose first loop is the
     only bound one, else None."""
@@ -561,10 +634,43 @@ def _gemm_sequences(k: int, nest, form, limit: int = 6) -> tuple[list[list], str
     return seqs, None
 
 
+def _conv_window_tries(ext: list[int], elem_bytes: int) -> list[tuple[int, int, int, int]]:
+    """``(t_oh, t_ow, f_ow, f_ci)`` of :func:`conv_window_tiling` for a convolution of loop
+    extents ``ext`` (``[N,] CO, OH, OW, CI, KH, KW``), largest tiles first: each dimension
+    the block tile splits keeps at least one full tile (``_tiled_extent``), the input channel
+    step divides CI (1: the whole loop), the block has at most 1024 threads and the input
+    window (padded to the threads) fits the shared memory per block
+    (:data:`steptp.backend.hardware.DEFAULT_GPU`)."""
+    from ..backend.hardware import DEFAULT_GPU  # noqa: PLC0415
+
+    oh, ow, ci, kh, kw = ext[-5:]
+    out = []
+    for t_oh in (8, 4, 2):
+        for t_ow, f_ow in ((32, 4), (32, 2), (16, 4), (16, 2), (8, 4), (8, 2)):
+            cols = t_ow * f_ow
+            if _tiled_extent(oh, t_oh) <= t_oh or _tiled_extent(ow, cols) <= cols:
+                continue
+            for f_ci in (8, 4, 2, 1):
+                if f_ci > 1 and (ci % f_ci or f_ci >= ci) or f_ci == 1 and ci < 2:
+                    continue
+                nt = t_oh * t_ow
+                size = f_ci * (t_oh + kh - 1) * (cols + kw - 1)
+                if -(-size // nt) * nt * elem_bytes <= DEFAULT_GPU.max_static_shared_bytes:
+                    out.append((t_oh, t_ow, f_ow, f_ci))
+                    break
+    return out
+
+
+def _dtype_bytes_of(eq, name: str) -> int:
+    """Bytes per element of tensor ``name`` as equation ``eq`` reads it (4 if not read)."""
+    return next((A.DTYPE_BYTES.get(t.dtype, 4) for t in A.walk(eq.value) if isinstance(t, A.Tensor) and t.name == name), 4)
+
+
 def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
-    """The tiling sequences to try for a 2-D convolution nest ``k`` (:func:`conv_tiling`; 6
-    loops, or 7 with a batch loop first), after ``loop_partition`` steps for output rows and
-    columns the per-block tile does not divide, or ``([], reason)``."""
+    """The tiling sequences to try for a 2-D convolution nest ``k`` (6 loops, or 7 with a
+    batch loop first), after ``loop_partition`` steps for output rows and columns the
+    per-block tile does not divide: first :func:`conv_window_tiling` (each input element in
+    shared memory once per block), then :func:`conv_tiling`; or ``([], reason)``."""
     ext = [lp.extent for lp in nest.loops]
     batch = len(ext) == 7
     o = 1 if batch else 0
@@ -573,14 +679,29 @@ def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
     if len(reads) != 2 or not _product_of(eq.value, *reads):
         return [], "not a convolution as the translator writes it (the product of an input and a filter)"
     oh, ow, ci = ext[-5:-2]
+    window = []
+    for t_oh, t_ow, f_ow, f_ci in _conv_window_tries(ext, _dtype_bytes_of(eq, reads[0]))[:4]:
+        pre = []
+        if oh % t_oh:
+            pre.append(("loop_partition", {"nest": [k], "loop": o + 1}, {"f": 16}))
+        if ow % (t_ow * f_ow):
+            pre.append(("loop_partition", {"nest": [k], "loop": o + 2}, {"f": t_ow * f_ow}))
+        co = ext[o]
+        f_co = next((f for f in (4, 2) if batch and co % f == 0 and co > f), 1)
+        window.append(pre + conv_window_tiling(k, t_oh, t_ow, f_ow, f_ci, f_co, batch=batch,
+                                               operands=(reads[0], reads[1])))
 
     tries = [(a, b, c) for a in (4, 2) for b in (4, 2) for c in (8, 4, 2)
              if _tiled_extent(oh, a) > a and _tiled_extent(ow, b) > b and ci % c == 0 and c < ci]
     if not tries:
+        if window:
+            return window, None
         return [], f"no input-channel step divides {ci} (or the output is narrower than two tiles): extents {ext}"
     # one block holds a whole output row: f_oh rows x (OW / f_ow) column groups of threads
     fits = [t for t in tries if t[0] * (_tiled_extent(ow, t[1]) // t[1]) <= 1024]
     if not fits:
+        if window:
+            return window, None
         return [], (f"an output row of {ow} columns needs {_tiled_extent(ow, 4) // 4 * 2} or more threads in "
                     f"one block (this tiling keeps a row in a block), above 1024: extents {ext}")
     tries = fits
@@ -592,7 +713,7 @@ def _conv_sequences(k: int, nest) -> tuple[list[list], str | None]:
         if ow % b:
             pre.append(("loop_partition", {"nest": [k], "loop": o + 2}, {"f": 16}))
         seqs.append(pre + conv_tiling(k, a, b, c, batch=batch, operands=(reads[0], reads[1])))
-    return seqs, None
+    return window + seqs, None
 
 
 def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
@@ -657,8 +778,22 @@ def _tail_steps(by_id: dict, module: LeirModule, k: int, steps: list[dict]) -> l
     for j in range(k + 1, k + 1 + added):
         nest = cur.program.nests[j]
         ext = _reduction_shape(nest)
-        if ext is None or len(ext) not in (3, 4) or not _is_reduction(nest) or not _multiply_accumulate(nest):
-            continue  # a tail's initialisation (an elementwise nest)
+        if ext is not None and len(ext) in (6, 7) and _is_reduction(nest) and _multiply_accumulate(nest):
+            seq = _grid_steps(nest, j, len(ext) - 3)  # a convolution's tail: [N,] CO, OH, OW
+        elif ext is not None and not _is_reduction(nest) and 3 <= len(ext) <= 4:
+            seq = _grid_steps(nest, j, len(ext))  # a tail's initialisation (elementwise)
+        elif ext is None or len(ext) not in (3, 4) or not _is_reduction(nest) or not _multiply_accumulate(nest):
+            continue
+        else:
+            seq = None
+        if seq is not None:
+            try:
+                done = apply_steps(by_id, cur, seq)
+            except Exception:  # noqa: BLE001 - this tail stays as it is
+                continue
+            out += done
+            cur = LeirModule(module.signature, parse_leir(done[-1]["leir"], "<tiled>").program)
+            continue
         o = len(ext) - 3
         loops = nest.loops
         seq = []
@@ -684,6 +819,19 @@ def _tail_steps(by_id: dict, module: LeirModule, k: int, steps: list[dict]) -> l
         out += done
         cur = LeirModule(module.signature, parse_leir(done[-1]["leir"], "<tiled>").program)
     return out
+
+
+def _grid_steps(nest, j: int, m: int) -> list:
+    """Steps that spread top-level nest ``j``'s ``m`` (3 or 4) leading spatial loops, the
+    first bound to ``threadIdx.x`` as the translator writes it, over a grid: the last on
+    ``threadIdx.x`` (at most 1024), the others on ``blockIdx.z``/``x``/``y`` (``x``/``y``
+    for two): a thread per output instead of one thread per outer iteration."""
+    if nest.loops[m - 1].extent > 1024 or not nest.loops[0].var.startswith("t"):
+        return []
+    axes = ["bz", "bx", "by"] if m == 4 else ["bx", "by"]
+    seq = [("thread_block_rebinding", {"nest": [j], "loop": 0}, {"ax": axes[0]})]
+    seq += [("loop_binding", {"nest": [j], "loop": i}, {"ax": ax}) for i, ax in enumerate(axes[1:], start=1)]
+    return seq + [("loop_binding", {"nest": [j], "loop": m - 1}, {"ax": "tx"})]
 
 
 def _refusal(e: Exception) -> str:

@@ -180,6 +180,130 @@ def dtype_bytes(ctx, dt) -> int:
     return A.DTYPE_BYTES[code]
 
 
+def _window_parts(fn: str, sub, loops) -> list[tuple[A.Expr, A.Expr, int]]:
+    """Per entry of subscript ``sub``: ``(base, local, span)``: the entry split into the part
+    free of L's indices (``base``: L's indices set to 0) and the rest (``local``, an affine form
+    of L's indices with non-negative integer coefficients), and ``span = 1 + max(local)``
+    over L's ranges. Raises ``ValueExprError`` where an entry is not affine in L's indices or a
+    coefficient is negative."""
+    from ..backend.preflight import linear_form  # noqa: PLC0415
+
+    ls = _loop_list(loops, fn)
+    ext = {l.var: l.extent for l in ls}
+    out = []
+    for entry in _seq(fn, sub):
+        e = _expr(fn, entry)
+        used = [v for v in free_indices(e) if v in ext]
+        if not used:
+            out.append((e, A.Int(0), 1))
+            continue
+        f = linear_form(e)
+        if f is None or any(f.get(v, 0) < 0 for v in used):
+            raise ValueExprError(f"{fn}: subscript entry {e} is not a non-negative affine form of the window's loops")
+        base: A.Expr | None = None
+        for v, c in f.items():
+            if v in used or v == "" or c == 0:
+                continue
+            t = A.Index(v) if c == 1 else A.BinOp("*", A.Index(v), A.Int(c))
+            base = t if base is None else A.BinOp("+", base, t)
+        if f.get("", 0):
+            k = f[""]
+            base = A.Int(k) if base is None else A.BinOp("+" if k > 0 else "-", base, A.Int(abs(k)))
+        base = base if base is not None else A.Int(0)
+        local: A.Expr | None = None
+        span = 1
+        for v in sorted(used, key=lambda v: [l.var for l in ls].index(v)):
+            c = f[v]
+            if c == 0:
+                continue
+            t = A.Index(v) if c == 1 else A.BinOp("*", A.Int(c), A.Index(v))
+            local = t if local is None else A.BinOp("+", local, t)
+            span += c * (ext[v] - 1)
+        out.append((base, local if local is not None else A.Int(0), span))
+    return out
+
+
+def window_affine(ctx, sub, loops) -> bool:
+    """``window_affine(l, L)``: every entry of subscript ``l`` is an affine form of L's
+    indices with non-negative integer coefficients (plus anything free of them), so the
+    elements it reads over L lie in a box, the *window* (a convolution's
+    ``oh*S+kh``: rows ``0 .. S*(OH-1)+KH-1`` past the origin)."""
+    try:
+        _window_parts("window_affine", sub, loops)
+    except ValueExprError:
+        return False
+    return True
+
+
+def window_spans(ctx, sub, loops) -> tuple[int, ...]:
+    """``window_spans(l, L)``: per entry of subscript ``l``, the extent of the window of
+    elements it reads over L's ranges (``1 + sum(c_i*(n_i-1))`` for an entry
+    ``base + sum(c_i*i)``; 1 for an entry free of L). TVM computes the same box as the region
+    of a ``cache_read`` moved by ``compute_at`` (its region inference)."""
+    return tuple(s for _, _, s in _window_parts("window_spans", sub, loops))
+
+
+def window_size(ctx, sub, loops) -> int:
+    """``window_size(l, L)``: the number of elements of the window of ``l`` over L
+    (the product of :func:`window_spans`): each element once, where a tile over L's loops
+    (``extent_product``) holds an element once per iteration that reads it."""
+    return math.prod(window_spans(ctx, sub, loops))
+
+
+def _window_strides(spans) -> list[int]:
+    out, s = [], 1
+    for n in reversed(spans):
+        out.append(s)
+        s *= n
+    return out[::-1]
+
+
+def window_index(ctx, sub, loops) -> A.Expr:
+    """``window_index(l, L)``: the row-major flat index, in the window of ``l`` over L
+    (:func:`window_spans`), of the element ``l`` reads: ``sum(local_d * stride_d)`` over the
+    entries, ``local_d`` the entry's part in L's indices."""
+    parts = _window_parts("window_index", sub, loops)
+    expr: A.Expr | None = None
+    for (_, local, span), st in zip(parts, _window_strides([p[2] for p in parts])):
+        if span == 1:
+            continue
+        t = local if st == 1 else A.BinOp("*", local, A.Int(st))
+        expr = t if expr is None else A.BinOp("+", expr, t)
+    return expr if expr is not None else A.Int(0)
+
+
+def window_source(ctx, sub, loops, flat, ranges=()) -> tuple:
+    """``window_source(l, L, f[, R])``: the subscript of the element at flat position ``f``
+    of the window of ``l`` over L: per entry ``base_d + (f // stride_d) % span_d`` (no ``%``
+    on the first entry with a span, no ``//`` on the last), ``base_d`` the entry with L's
+    indices at 0. The inverse of :func:`window_index` for a cooperative copy that fills the
+    window element by element. With ``R`` (the loops ``f`` runs over) each entry is simplified
+    with their extents (:func:`steptp.leir.indexarith.simplify_index`)."""
+    parts = _window_parts("window_source", sub, loops)
+    f = _expr("window_source", flat)
+    spans = [p[2] for p in parts]
+    strides = _window_strides(spans)
+    wide = [k for k, s in enumerate(spans) if s > 1]
+    out = []
+    for k, ((base, _, span), st) in enumerate(zip(parts, strides)):
+        if span == 1:
+            out.append(base)
+            continue
+        c = f if st == 1 else A.BinOp("//", f, A.Int(st))
+        if k != wide[0]:
+            c = A.BinOp("%", c, A.Int(span))
+        out.append(c if base == A.Int(0) else A.BinOp("+", base, c))
+    rng = {l.var: l.extent for l in _loop_list(tuple(_seq("window_source", ranges)) if ranges else (), "window_source")}
+    return tuple(simplify_index(x, rng) for x in out) if rng else tuple(out)
+
+
+def all_serial(ctx, loops) -> bool:
+    """``all_serial(L)``: every loop of L is a serial ``L`` loop (true for an empty list):
+    loops that every thread of a block runs in step, such as those between a kernel's block
+    loops and a shared tile's reduction step."""
+    return all(l.kind == "L" for l in _loop_list(loops, "all_serial"))
+
+
 TILING_FUNCTIONS = {
     "accumulation_identity": (1, accumulation_identity),
     "dtype_bytes": (1, dtype_bytes),
@@ -193,6 +317,12 @@ TILING_FUNCTIONS = {
     "loops_in_order": (2, loops_in_order),
     "serial_loop": (2, serial_loop),
     "aligned_run": (4, aligned_run),
+    "window_affine": (2, window_affine),
+    "window_spans": (2, window_spans),
+    "window_size": (2, window_size),
+    "window_index": (2, window_index),
+    "window_source": (-1, lambda ctx, *a: window_source(ctx, *a) if len(a) in (3, 4) else _arity("window_source")),
+    "all_serial": (1, all_serial),
 }
 
 
@@ -204,4 +334,5 @@ register_value_functions(TILING_FUNCTIONS)
 
 __all__ = ["TILING_FUNCTIONS", "accumulation_identity",
            "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
-           "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run"]
+           "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run",
+           "window_affine", "window_spans", "window_size", "window_index", "window_source", "all_serial"]
