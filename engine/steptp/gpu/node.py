@@ -275,8 +275,11 @@ def time_pair(pack: str, refdir: str | None, okey: str, a: dict, b: dict, rounds
 def _eager(pack: str, refdir: str | None, okey: str, where: dict, opts: dict) -> dict | None:
     """PyTorch eager of the program's ``.py``, timed interleaved with the original
     (:func:`steptp.gpu.eager.measure`), once per program and worker; None when the pack has
-    no ``.py`` for it or eager timing is off. (Eager from Python beside the original's
-    kernels: not like with like; the baselines of :mod:`steptp.gpu.baselines` are.)"""
+    no ``.py`` for it or eager timing is off. Eager runs with the program's own parameters
+    and is timed only when its outputs match the original's CPU references of trial 0
+    (``eager_check``; else the record says why it is not comparable). (Eager from Python
+    beside the original's kernels: not like with like; the baselines of
+    :mod:`steptp.gpu.baselines` are.)"""
     prog = manifest(pack)["programs"][okey]
     if not opts.get("eager") or not prog.get("torch"):
         return None
@@ -292,7 +295,9 @@ def _eager(pack: str, refdir: str | None, okey: str, where: dict, opts: dict) ->
 
         _STATE[key] = measure(Path(pack) / prog["torch"]["file"], prog, d["sets"][0], ours,
                               device="cpu" if cr.simulated() else "cuda",
-                              rounds=int(opts.get("rounds", 8)), min_ms=float(opts.get("min_ms", 2.0)))
+                              rounds=int(opts.get("rounds", 8)), min_ms=float(opts.get("min_ms", 2.0)),
+                              reference=d["refs"][0] if d["refs"] else None,
+                              slack=d["slacks"][0] if d["slacks"] else None)
     return _STATE[key]
 
 

@@ -15,7 +15,10 @@ pack carries)::
                               ``stp verify`` runs: LLVM opt-level 0, intermediates poisoned),
                               batched like the GPU libraries: the node computes the references
     PACK/py/<sha1>.py         the PyTorch file of every original that came from a ``.py``
-                              (the node times PyTorch eager on the same inputs when torch imports)
+                              (the node times PyTorch eager on the same inputs when torch imports,
+                              with the program's own parameters: ``programs[k]["torch"]["params"]``
+                              maps each LEIR param/constant to the module's state_dict key,
+                              :func:`torch_param_map`)
     PACK/data/<program>.npz   only with ``--store-references``: the CPU reference outputs, per
                               trial (for a node whose CPU cannot run x86-64 code)
     PACK/lib/                 libtvm_runtime.so, libtvm_runtime_cuda.so (from the apache-tvm wheel)
@@ -175,6 +178,45 @@ def build_reference_library(modules: Sequence, outdir: str | os.PathLike, first:
     return built, bad
 
 
+def torch_param_map(source: str | os.PathLike, module, cache: dict | None = None) -> dict:
+    """Which module tensor each LEIR ``param``/``constant`` tensor of ``module`` (an original
+    translated from the PyTorch file ``source``) is, so the node can run eager with the
+    program's own parameter values (:func:`steptp.gpu.eager.load_program_params`): the file
+    is translated again on PyTorch's meta device (:func:`steptp.frontend.translate_file`,
+    ``meta=True``: shapes only, no data) and its
+    :attr:`~steptp.frontend.translate.Translation.param_targets` (LEIR name -> ``state_dict``
+    key, or the lifted constant's name) are taken when every param/constant of ``module``
+    appears there with the same role and shape (the translator declares a parameter with its
+    own shape: no transpose or reshape to undo). Returns ``{"params": {name: key}}`` (empty
+    for a program without parameters, without translating) or ``{"params_error": why}``;
+    never raises. ``cache``: translations by resolved path, shared over one pack."""
+    sig = module.signature
+    names = [t for t in sig.tensors if t.role in ("param", "constant")]
+    if not names:
+        return {"params": {}}
+    key = str(Path(source).resolve())
+    cache = {} if cache is None else cache
+    if key not in cache:
+        try:
+            from ..frontend import translate_file  # noqa: PLC0415
+
+            tr = translate_file(source, meta=True)
+            cache[key] = (tr.module.signature, dict(tr.param_targets))
+        except Exception as e:  # noqa: BLE001  (TranslationError, an import error of the file)
+            cache[key] = f"{Path(source).name} does not translate again: {type(e).__name__}: {e}"[:300]
+    got = cache[key]
+    if isinstance(got, str):
+        return {"params_error": got}
+    theirs, targets = got
+    for t in names:
+        o = theirs.get(t.name)
+        if o is None or o.role != t.role or tuple(o.shape) != tuple(t.shape) or t.name not in targets:
+            want = f"{t.role} {t.name} {list(t.shape)}"
+            have = "nothing" if o is None else f"{o.role} {o.name} {list(o.shape)}"
+            return {"params_error": f"the program's {want} is {have} in {Path(source).name}'s translation"}
+    return {"params": {t.name: targets[t.name] for t in names}}
+
+
 def _key(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
@@ -217,6 +259,7 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
         originals.setdefault(_key(e["original"]), (e["original"], e["seed"], e.get("source")))
     failed: dict[str, str] = {}
     sources: dict[str, str] = {}
+    translations: dict = {}  # torch_param_map's, by .py file
     for n, (okey, (text, seed, source)) in enumerate(originals.items()):
         m = parse_leir(text)
         if too_large_to_run_here(m) and not store_references:
@@ -251,14 +294,15 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
                 arrays = {f"ref{k}__{name}": np.asarray(v) for k, r in enumerate(refs) for name, v in r.items()}
                 np.savez_compressed(out / "data" / f"{okey}.npz", **arrays)
                 programs[okey]["data"] = f"data/{okey}.npz"
-            if source:
-                data = Path(source).read_bytes()
-                name = f"py/{hashlib.sha1(data).hexdigest()[:16]}.py"
-                if name not in sources.values():
-                    (out / "py").mkdir(exist_ok=True)
-                    (out / name).write_bytes(data)
-                sources[okey] = name
-                programs[okey]["torch"] = {"file": name, "from": Path(source).name}
+        if source and okey in programs:  # at size too ("references": "node"): eager is timed on the node
+            data = Path(source).read_bytes()
+            name = f"py/{hashlib.sha1(data).hexdigest()[:16]}.py"
+            if name not in sources.values():
+                (out / "py").mkdir(exist_ok=True)
+                (out / name).write_bytes(data)
+            sources[okey] = name
+            programs[okey]["torch"] = {"file": name, "from": Path(source).name,
+                                       **torch_param_map(source, m, translations)}
         if progress:
             progress("references", n + 1, len(originals))
 
@@ -337,4 +381,4 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
                                      "torch_programs")} | {"entries": len(rows), "skipped": len(skipped)}
 
 
-__all__ = ["FORMAT", "RUNTIME_FILES", "PackError", "collect", "build_pack", "build_reference_library"]
+__all__ = ["FORMAT", "RUNTIME_FILES", "PackError", "collect", "build_pack", "build_reference_library", "torch_param_map"]
