@@ -38,6 +38,7 @@ from ..runner.cuda_timing import python_timer, time_rounds
 from ..runner.record import ProgramBaselines, Ratio, write_jsonl
 from ..runner.stats import paired_speedup, spread
 from . import node
+from .eager import comparable, not_comparable_reason
 
 #: ``torch.compile`` modes timed, by the field they fill.
 COMPILE_MODES = {"compile": "default", "compile_autotune": "max-autotune-no-cudagraphs"}
@@ -54,22 +55,24 @@ def _short(e: BaseException) -> str:
 
 def _torch_setup(pack: str, refdir: str | None, okey: str, device: str) -> dict:
     """The program's PyTorch model and arguments on ``device`` (trial 0's inputs), loaded
-    once per worker (:mod:`steptp.gpu.eager`): ``{"model", "args", "dtype", "torch"}``."""
+    once per worker with the program's own parameters and its outputs cross-checked against
+    our original's trial-0 references (:func:`steptp.gpu.eager.program_model`): ``{"model",
+    "args", "dtype", "torch", "allow_tf32", "info"}`` (``info``: ``eager_params``,
+    ``eager_check``, ``eager_mode``). TF32 is pinned off before the check runs."""
     key = ("torch-model", pack, okey, device)
     if key not in node._STATE:
         import torch  # noqa: PLC0415
 
-        from .eager import _arguments, _load_model, pin_tf32  # noqa: PLC0415
+        from .eager import pin_tf32, program_model  # noqa: PLC0415
 
         prog = node.manifest(pack)["programs"][okey]
         d = node._program(pack, refdir, okey)
-        model, example = _load_model(Path(pack) / prog["torch"]["file"], device)
-        args = _arguments(example, prog, d["sets"][0], device)
+        tf32 = pin_tf32(torch)
+        model, args, info = program_model(Path(pack) / prog["torch"]["file"], prog, d["sets"][0], device,
+                                          d["refs"][0] if d["refs"] else None,
+                                          d["slacks"][0] if d["slacks"] else None)
         floats = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
-        model = model.to(device).eval()
-        if len(floats) == 1:
-            model = model.to(next(iter(floats)))
-        node._STATE[key] = {"model": model, "args": args, "torch": torch, "allow_tf32": pin_tf32(torch),
+        node._STATE[key] = {"model": model, "args": args, "torch": torch, "allow_tf32": tf32, "info": info,
                             "dtype": str(next(iter(floats))).replace("torch.", "") if len(floats) == 1 else None}
     return node._STATE[key]
 
@@ -135,8 +138,12 @@ def measure_eager(pack: str, refdir: str | None, okey: str, best: dict, original
     trial 0's inputs. ``opts``: ``rounds``, ``min_ms``, ``torch`` (False: no PyTorch
     baselines). Returns the fields of :class:`ProgramBaselines` it measured (``*_us``,
     ``iqr_us``, ``ratios`` as dicts, ``reasons``, ``dtypes``, ``torch_dtype``,
-    ``torch_version``, ``allow_tf32`` (:func:`steptp.gpu.eager.pin_tf32`), ``rounds``). Raises :class:`steptp.backend.errors.ExecError` for a
-    fault of our functions (the driver records it as the reason)."""
+    ``torch_version``, ``allow_tf32`` (:func:`steptp.gpu.eager.pin_tf32`), ``rounds``,
+    ``eager_params``/``eager_check``/``eager_mode`` (:func:`steptp.gpu.eager.program_model`:
+    eager runs with the program's own parameters; when its output is not our original's it
+    is not timed and ``eager_us``'s reason says it is not comparable)). Raises
+    :class:`steptp.backend.errors.ExecError` for a fault of our functions (the driver records
+    it as the reason)."""
     sim = cr.simulated()
     ours_k, ours_call, built = _ours(pack, refdir, okey, best)
     orig_k = _ours(pack, refdir, okey, original)[0] if original != best else None
@@ -150,9 +157,13 @@ def measure_eager(pack: str, refdir: str | None, okey: str, best: dict, original
     if opts.get("torch", True) and prog.get("torch"):
         try:
             t = _torch_setup(pack, refdir, okey, tdev)
-            torch = t["torch"]
-            out["torch_version"], out["torch_dtype"] = torch.__version__, t["dtype"]
+            out["torch_version"], out["torch_dtype"] = t["torch"].__version__, t["dtype"]
             out["allow_tf32"] = t["allow_tf32"]
+            out.update(t["info"])
+            if comparable(t["info"]):
+                torch = t["torch"]
+            else:  # eager computes something else than our program: not timed, no ratio
+                out["reasons"]["eager_us"] = not_comparable_reason(t["info"])
         except Exception as e:  # noqa: BLE001  (the program's file, a missing op, no torch)
             out["reasons"]["eager_us"] = f"PyTorch model not loaded: {_short(e)}"
     elif not prog.get("torch"):
@@ -269,7 +280,8 @@ def _left(deadline: float | None) -> float | None:
 def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_name: str, rounds: int = 8,
                   min_ms: float = 2.0, eager_cap_s: float = 120.0, compile_cap_s: float = 300.0,
                   compile_modes: tuple = (), torch_ok: bool = True, deadline: float | None = None,
-                  runner=None, checkpoint=None, previous: dict | None = None) -> list[ProgramBaselines]:
+                  runner=None, checkpoint=None, previous: dict | None = None,
+                  verdicts: dict | None = None) -> list[ProgramBaselines]:
     """Measure the baselines of every program of ``programs`` (manifest key -> manifest
     program) with one GPU worker ``runner`` (an :class:`steptp.runner.worker.IsolatedRunner`
     from :func:`steptp.runner.pool.shared`): ``best[okey]`` is ``(manifest entry,
@@ -284,8 +296,10 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
     records of an earlier call (``baselines.jsonl``) by program: a program whose best is the
     same keeps its measured figures and only what is missing (a phase the deadline cut, a
     mode not requested then, a compilation over the cap) is measured again, so a second call
-    of the node can spend its time on ``torch.compile``. Returns one
-    :class:`ProgramBaselines` per program, every None figure with its reason."""
+    of the node can spend its time on ``torch.compile``. ``verdicts``: per program the
+    best's compute-sanitizer verdict (:func:`steptp.gpu.session.choose_best`), recorded as
+    ``best_sanitizer``. Returns one :class:`ProgramBaselines` per program, every None figure
+    with its reason."""
     sim = cr.simulated()
     out: dict[str, ProgramBaselines] = {}
     kept: set[str] = set()
@@ -298,6 +312,7 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
         if old is not None and old.best_id == b.best_id and old.device == b.device and old.best_us is not None:
             b = ProgramBaselines.from_json(old.to_json())
             kept.add(okey)
+        b.best_sanitizer = (verdicts or {}).get(okey)
         out[okey] = b
     # phase 1: kernels, from Python, eager, eager graph
     for okey, b in out.items():
@@ -341,7 +356,7 @@ def run_baselines(pack: str, refdir: str, programs: dict, best: dict, *, device_
                 b.set_reason_now(us, f"not requested (python -m steptp.gpu.run {flag})")
                 b.set_reason_now(cs, f"not requested (python -m steptp.gpu.run {flag})")
                 continue
-            if b.best_py_us is None or b.torch_version is None:
+            if b.best_py_us is None or b.torch_version is None or b.eager_check != "equal":
                 why = b.reasons.get("eager_us") or b.reasons.get("best_py_us") or "no PyTorch model"
                 b.set_reason_now(us, why)
                 b.set_reason_now(cs, why)
@@ -369,6 +384,7 @@ def _apply(b: ProgramBaselines, got: dict) -> None:
         b.set_reason(k, v)
     b.torch_version, b.torch_dtype, b.rounds = got.get("torch_version"), got.get("torch_dtype"), got.get("rounds", 0)
     b.allow_tf32 = got.get("allow_tf32")
+    b.eager_params, b.eager_check, b.eager_mode = got.get("eager_params"), got.get("eager_check"), got.get("eager_mode")
     b.dtypes = got.get("dtypes") or b.dtypes
     if b.eager_us is None:
         b.set_reason("eager_us", "not measured")

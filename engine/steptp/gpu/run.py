@@ -478,26 +478,54 @@ def retime_best(pack: str | os.PathLike, results: str | os.PathLike, k: int, **k
     return run_pack(pack, results, timing=True, results_name="retime.jsonl", only=ids, **kw)
 
 
-def _per_program(recs: list[EntryRecord], names: dict) -> list[dict]:
+def _per_program(recs: list[EntryRecord], names: dict, unchecked: str | None = None) -> list[dict]:
     """Per program: the original's time, the best Equal transformed entry's time (from
     ``--time``: medians of the interleaved pairs) and PyTorch eager beside the original, in µs
-    (the like-with-like baselines are in ``baselines.jsonl``)."""
+    (the like-with-like baselines are in ``baselines.jsonl``).
+
+    The best is the fastest timed Equal entry that has a clean compute-sanitizer verdict, or,
+    where no sanitizer can run (``unchecked``: :func:`steptp.gpu.sanitizer.unchecked_label`),
+    the fastest one, labelled so (``best_sanitizer``); an entry the tool could have checked but
+    did not (not run, capped, the deadline) is passed over for the next one, and a program
+    with none left has ``best_us`` None and ``best_reason``. Eager: ``eager_params`` and
+    ``eager_check`` (:func:`steptp.gpu.eager.program_model`); an eager that is not comparable
+    has ``eager_us`` None and ``eager_reason``."""
+    from .sanitizer import best_verdict, no_verdict_reason  # noqa: PLC0415
+
     progs: dict[str, dict] = {}
+    timed: dict[str, list] = {}
     for r in recs:
         p = progs.setdefault(r.program, {"program": r.program, "name": names.get(r.program, r.program),
                                          "entries": 0, "equal": 0, "original_us": None, "best_us": None,
-                                         "best_id": None, "eager_us": None})
+                                         "best_id": None, "best_sanitizer": None, "eager_us": None,
+                                         "eager_params": None, "eager_check": None})
         p["entries"] += 1
         p["equal"] += bool(r.transformed.equal)
         eg = r.eager or {}
+        if eg.get("eager_check") is not None:
+            p["eager_params"], p["eager_check"] = eg.get("eager_params"), eg["eager_check"]
         if eg.get("eager_us") is not None:
             p["eager_us"] = eg["eager_us"]
             p["original_us"] = p["original_us"] or eg.get("original_us")
+        elif eg.get("error") and p["eager_us"] is None:
+            p["eager_reason"] = eg["error"]
         t = r.timing
         if t is not None and t.transformed_us is not None and r.status == "equal":
             p["original_us"] = p["original_us"] or t.original_us
-            if p["best_us"] is None or t.transformed_us < p["best_us"]:
-                p["best_us"], p["best_id"] = t.transformed_us, r.id
+            timed.setdefault(r.program, []).append(r)
+    for k, rs in timed.items():
+        p = progs[k]
+        rs.sort(key=lambda r: r.timing.transformed_us)
+        for r in rs:
+            v = best_verdict(r, unchecked)
+            if v is not None:
+                p["best_us"], p["best_id"], p["best_sanitizer"] = r.timing.transformed_us, r.id, v
+                break
+        else:
+            p["best_reason"] = (f"none of its {len(rs)} timed Equal entries has a clean compute-sanitizer verdict "
+                                f"(the fastest, {rs[0].id}: {no_verdict_reason(rs[0])})")[:500]
+        if p["eager_us"] is not None:
+            p.pop("eager_reason", None)
     return list(progs.values())
 
 
@@ -509,8 +537,11 @@ def summarize(path: Path, manifest: dict, *, wall: float = 0.0, ran: int = 0, st
     the workers; ``timing_entries_per_second``: timed entries per second of worker time
     spent timing, likewise), with timings the speedup distribution per strategy (only
     entries whose transformed program was Equal on the GPU), per program the original's,
-    the best transformed entry's and PyTorch eager's time (µs), and ``statuses``: entries
+    the best transformed entry's (only with a clean compute-sanitizer verdict where the tool
+    can run: :func:`_per_program`) and PyTorch eager's time (µs), and ``statuses``: entries
     per :data:`steptp.runner.record.STATUSES` value."""
+    from .sanitizer import unchecked_label  # noqa: PLC0415
+
     recs = _records(path) if path.is_file() else []
     names = {k: v.get("name", k) for k, v in manifest["programs"].items()}
     eq = [r for r in recs if r.transformed.equal]
@@ -531,7 +562,7 @@ def summarize(path: Path, manifest: dict, *, wall: float = 0.0, ran: int = 0, st
     statuses: dict[str, int] = {}
     for r in recs:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    progs = _per_program(recs, names)
+    progs = _per_program(recs, names, unchecked_label())
     return {"entries": len(manifest["entries"]), "done": len(recs), "ran_now": max(ran, 0),
             "stopped_at_deadline": stopped, "exec": sum(bool(r.transformed.exec) for r in recs),
             "equal": len(eq), "original_equal": sum(bool(r.original.equal) for r in recs),
@@ -548,6 +579,11 @@ def summarize(path: Path, manifest: dict, *, wall: float = 0.0, ran: int = 0, st
 
 def _us(x) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+def _cell(text) -> str:
+    """A markdown table cell of free text (``|`` escaped, cut at 120 characters)."""
+    return "-" if not text else str(text).replace("|", "\\|").replace("\n", " ")[:120]
 
 
 def _ratio(a, b) -> str:
@@ -571,15 +607,19 @@ def report_md(s: dict) -> str:
         lines += [f"| {d['id']} | {d['strategy']} | {d['cpu_equal']} | {d['gpu_equal']} | {d['reason']} |"
                   for d in s["cpu_gpu_disagreements"]]
         lines.append("")
-    progs = [p for p in s.get("programs", []) if p["eager_us"] is not None or p["best_us"] is not None]
+    progs = [p for p in s.get("programs", []) if p["eager_us"] is not None or p["best_us"] is not None
+             or p.get("best_reason") or p.get("eager_check")]
     if progs:
         lines += ["## Per program against PyTorch eager (µs per call)", "",
                   "Original: its time beside eager (or from `--time`); best: the fastest Equal transformed entry "
-                  "(`--time`). A ratio above 1 means PyTorch is faster.", "",
-                  "| program | entries | Equal | original | best transformed | eager "
-                  "| original / eager | best / eager |", "|---|---|---|---|---|---|---|---|"]
+                  "(`--time`) with a clean compute-sanitizer verdict where the tool can run (sanitizer: its verdict, "
+                  "or why there is no best); eager: with the program's own parameters, timed only when its output "
+                  "matched the original's (eager check). A ratio above 1 means PyTorch is faster.", "",
+                  "| program | entries | Equal | original | best transformed | sanitizer | eager | eager check "
+                  "| original / eager | best / eager |", "|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {p['name']} | {p['entries']} | {p['equal']} | {_us(p['original_us'])} | {_us(p['best_us'])} | "
-                  f"{_us(p['eager_us'])} | {_ratio(p['original_us'], p['eager_us'])} | "
+                  f"{_cell(p.get('best_sanitizer') or p.get('best_reason'))} | {_us(p['eager_us'])} | "
+                  f"{_cell(p.get('eager_check'))} | {_ratio(p['original_us'], p['eager_us'])} | "
                   f"{_ratio(p['best_us'], p['eager_us'])} |" for p in progs]
         lines.append("")
     if s["speedup_by_strategy"]:
@@ -588,6 +628,23 @@ def report_md(s: dict) -> str:
         lines += [f"| {k} | {v['n']} | {v['median']:.3f} | {v['faster']} | {v['slower']} |"
                   for k, v in s["speedup_by_strategy"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _rechoose(out: Path, m: dict, s: dict) -> None:
+    """After the sanitizer checks: each program's best chosen again (:func:`_per_program`)
+    in the summary ``s`` (from ``results.jsonl``, into which the checks were copied) and in
+    ``retime-summary.json`` (from ``retime.jsonl``), now that the checked entries have their
+    verdicts."""
+    from .sanitizer import unchecked_label  # noqa: PLC0415
+
+    names = {k: v.get("name", k) for k, v in m["programs"].items()}
+    label = unchecked_label()
+    s["programs"] = _per_program(_records(out / "results.jsonl"), names, label)
+    rs = out / "retime-summary.json"
+    if rs.is_file():
+        doc = json.loads(rs.read_text(encoding="utf-8"))
+        doc["programs"] = _per_program(_records(out / "retime.jsonl"), names, label)
+        rs.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 def _session(a, s: dict, t0: float) -> None:
@@ -601,6 +658,8 @@ def _session(a, s: dict, t0: float) -> None:
     if a.sanitizer and (out / "retime.jsonl").is_file():
         s["sanitizer"] = check_best(str(Path(a.pack).resolve()), out, m, cap_s=a.sanitizer_cap_s, deadline=deadline,
                                     jobs=a.sanitizer_jobs)
+        _rechoose(out, m, s)
+        (out / "report.md").write_text(report_md(s), encoding="utf-8")
     if a.baselines or a.compile or a.autotune:
         import importlib.util  # noqa: PLC0415
 

@@ -1,8 +1,12 @@
 """The node's own checkers (issue 44): each program's best runs under NVIDIA ``compute-sanitizer``.
 
 ``compute-sanitizer --tool memcheck`` (out-of-bounds and misaligned accesses, hardware
-exceptions) on every checked function, and ``--tool racecheck`` (shared-memory data hazards)
-when its CUDA source declares ``__shared__`` memory, each in a process of its own that loads
+exceptions) and ``--tool initcheck`` (reads of device global memory never written: an
+intermediate read before a kernel wrote it) on every checked function, ``--tool racecheck``
+(shared-memory data hazards) when its CUDA source declares ``__shared__`` memory, and
+``--tool synccheck`` (a ``__syncthreads()`` barrier some threads of the block do not reach,
+or other invalid uses of synchronisation primitives) when it calls ``__syncthreads`` or
+declares shared memory (issue 52), each in a process of its own that loads
 the pack's library and launches the function once on trial 0's reference inputs
 (``python -m steptp.gpu.sanitizer PACK REFDIR PROGRAM LIB FUNC``, :func:`launch_main`), each
 under a time cap. A finding rejects the program like a wrong output
@@ -17,7 +21,16 @@ of the tool starts with the prefix ``=========``; a memcheck error is a line suc
 the run ends with ``========= ERROR SUMMARY: N errors`` (``1 error``); racecheck's analysis
 mode reports ``========= Error: Race reported between Write access at ... and Read access
 at ...`` and ends with ``========= RACECHECK SUMMARY: N hazards displayed (E errors, W
-warnings)``. ``--error-exitcode`` makes the tool exit with that code when it found errors.
+warnings)``; initcheck ("Initcheck Tool") reports e.g. ``========= Uninitialized __global__
+memory read of size 4 bytes`` and synccheck ("Synccheck Tool") e.g. ``========= Barrier error
+detected. Divergent thread(s) in block``, each followed by indented detail lines, and both end
+with the same ``ERROR SUMMARY`` line as memcheck. ``--error-exitcode`` makes the tool exit
+with that code when it found errors.
+
+A program's best is reported only with a clean verdict where the tool can run
+(:func:`best_verdict`): where it cannot (the simulated device, no ``compute-sanitizer`` on
+the node) the best says so (``unchecked: ...``); where it can but gave no verdict (not run,
+over its cap, the deadline) that entry is not reported as the best.
 
 Where the tool is looked for (:func:`find_tool`): ``$STP_COMPUTE_SANITIZER``, ``PATH``,
 ``/usr/local/cuda*/bin``, ``/opt/nvidia/**``, and the NVIDIA pip packages on ``sys.path``
@@ -68,12 +81,35 @@ def find_tool() -> str | None:
     return None
 
 
+#: The tools, in the order they run (each only when :func:`tools_for` selects it).
+TOOLS = ("memcheck", "initcheck", "racecheck", "synccheck")
+
+
 def uses_shared_memory(cuda_source: str, func: str = "main") -> bool:
     """Whether function ``func``'s kernels in a library's CUDA C declare ``__shared__``
     memory (racecheck checks only shared memory)."""
     from ..backend.cuda_runtime import function_source  # noqa: PLC0415
 
     return "__shared__" in function_source(cuda_source, func)
+
+
+def uses_barriers(cuda_source: str, func: str = "main") -> bool:
+    """Whether function ``func``'s kernels in a library's CUDA C call ``__syncthreads`` (or
+    another block barrier: ``__syncwarp``, ``bar.sync``) or declare ``__shared__`` memory
+    (whose users synchronise): what synccheck checks."""
+    from ..backend.cuda_runtime import function_source  # noqa: PLC0415
+
+    src = function_source(cuda_source, func)
+    return any(k in src for k in ("__syncthreads", "__syncwarp", "bar.sync", "__shared__"))
+
+
+def tools_for(cuda_source: str, func: str = "main") -> list[str]:
+    """The tools run on function ``func`` of a library's CUDA C, in order: memcheck and
+    initcheck always, racecheck with shared memory, synccheck with barriers or shared memory
+    (:func:`uses_shared_memory`, :func:`uses_barriers`)."""
+    shared = uses_shared_memory(cuda_source, func)
+    return (["memcheck", "initcheck"] + (["racecheck"] if shared else [])
+            + (["synccheck"] if shared or uses_barriers(cuda_source, func) else []))
 
 
 def launcher_argv(pack: str, refdir: str | None, okey: str, where: dict) -> list[str]:
@@ -85,8 +121,9 @@ def launcher_argv(pack: str, refdir: str | None, okey: str, where: dict) -> list
 
 def command(tool_path: str, tool: str, argv: list[str]) -> list[str]:
     """``compute-sanitizer --tool TOOL --error-exitcode 86 --print-limit 20 ARGV...``
-    (racecheck: ``--racecheck-report analysis``, one line per hazard found)."""
-    if tool not in ("memcheck", "racecheck"):
+    (racecheck: ``--racecheck-report analysis``, one line per hazard found). ``tool``: one
+    of :data:`TOOLS`; ``ValueError`` for another."""
+    if tool not in TOOLS:
         raise ValueError(f"unknown compute-sanitizer tool {tool!r}")
     cmd = [tool_path, "--tool", tool, "--error-exitcode", str(ERROR_EXITCODE), "--print-limit", str(PRINT_LIMIT)]
     if tool == "racecheck":
@@ -96,9 +133,10 @@ def command(tool_path: str, tool: str, argv: list[str]) -> list[str]:
 
 def parse_output(text: str, tool: str) -> tuple[int | None, int | None, str]:
     """``(errors, warnings, first error line)`` of one run's output. ``errors``: racecheck's
-    errors from its ``RACECHECK SUMMARY`` when present, else the ``ERROR SUMMARY`` count;
-    None when the output has no summary (the tool or the program did not finish).
-    ``warnings``: racecheck's warnings (None for memcheck). The first error line is the
+    errors from its ``RACECHECK SUMMARY`` when present, else the ``ERROR SUMMARY`` count
+    (memcheck, initcheck, synccheck); None when the output has no summary (the tool or the
+    program did not finish). ``warnings``: racecheck's warnings (None for the other tools).
+    The first error line is the
     first prefixed line that is not a detail (indented) line, a banner or a summary."""
     errors = warnings = None
     m = _ERROR_SUMMARY.search(text)
@@ -151,11 +189,13 @@ def run_tool(tool_path: str, tool: str, argv: list[str], cap_s: float, env: dict
 
 def check_function(pack: str, refdir: str | None, okey: str, where: dict, tool_path: str, cap_s: float,
                    deadline: float | None = None) -> list[SanitizerCheck]:
-    """memcheck, and racecheck when the function uses shared memory, each capped at
+    """The tools of :func:`tools_for` (memcheck, initcheck; racecheck and synccheck where
+    the function uses shared memory or barriers) on the function ``where``, each capped at
     ``cap_s`` (less when ``deadline``, a ``time.perf_counter()`` value, is nearer); stops
-    after a finding."""
+    after a finding. A tool the deadline left no time for is recorded with that reason (no
+    verdict)."""
     src = (Path(pack) / where["lib"] / "kernel.cu").read_text(encoding="utf-8")
-    tools = ["memcheck"] + (["racecheck"] if uses_shared_memory(src, where["func"]) else [])
+    tools = tools_for(src, where["func"])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = []
     for tool in tools:
@@ -179,6 +219,46 @@ def absent_reason() -> str | None:
         return ("compute-sanitizer not found (STP_COMPUTE_SANITIZER, PATH, /usr/local/cuda*/bin, /opt/nvidia, "
                 "nvidia pip packages)")
     return None
+
+
+#: The verdict a best carries where no compute-sanitizer can check it (:func:`unchecked_label`).
+UNCHECKED_NO_TOOL = "unchecked: no compute-sanitizer"
+UNCHECKED_SIMULATED = "unchecked: simulated device (CPU builds, no CUDA kernel to check)"
+
+
+def unchecked_label() -> str | None:
+    """Where no sanitizer can check anything (:func:`absent_reason`), the verdict a best
+    carries instead of ``clean``: :data:`UNCHECKED_SIMULATED` on the simulated device,
+    :data:`UNCHECKED_NO_TOOL` on a GPU node without the tool; None where the tool runs (then
+    only a clean verdict makes a best)."""
+    from ..backend.cuda_runtime import simulated  # noqa: PLC0415
+
+    if simulated():
+        return UNCHECKED_SIMULATED
+    return UNCHECKED_NO_TOOL if find_tool() is None else None
+
+
+def best_verdict(rec, unchecked: str | None) -> str | None:
+    """The sanitizer verdict under which the record ``rec`` (an Equal
+    :class:`~steptp.runner.record.EntryRecord`) may be reported as a program's best:
+    ``"clean"`` when every tool that ran on it found nothing; ``unchecked`` (from
+    :func:`unchecked_label`) when it was not checked because no tool can run here; None when
+    it may not be the best: a finding, or the tool exists but gave no verdict on it (not run,
+    over its cap, the deadline, a failed launch)."""
+    c = rec.sanitizer_clean()
+    if c is True:
+        return "clean"
+    if c is False:
+        return None
+    return unchecked
+
+
+def no_verdict_reason(rec) -> str:
+    """Why ``rec`` has no clean verdict (for the summary of a program left without a best)."""
+    if rec.sanitizer_clean() is False:
+        return rec.reason
+    checks = [f"{c.tool}: {c.reason}" for c in rec.sanitizer or [] if c.reason]
+    return "no compute-sanitizer verdict (" + ("; ".join(checks) or rec.sanitizer_reason or "not run") + ")"
 
 
 def launch_main(argv: list[str] | None = None) -> int:
@@ -209,8 +289,9 @@ def launch_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["ERROR_EXITCODE", "find_tool", "uses_shared_memory", "launcher_argv", "command", "parse_output", "run_tool",
-           "check_function", "absent_reason", "launch_main"]
+__all__ = ["ERROR_EXITCODE", "TOOLS", "UNCHECKED_NO_TOOL", "UNCHECKED_SIMULATED", "find_tool", "uses_shared_memory",
+           "uses_barriers", "tools_for", "launcher_argv", "command", "parse_output", "run_tool", "check_function",
+           "absent_reason", "unchecked_label", "best_verdict", "no_verdict_reason", "launch_main"]
 
 if __name__ == "__main__":
     sys.exit(launch_main())

@@ -71,25 +71,42 @@ def check_best(pack: str, results: str | Path, manifest: dict, *, cap_s: float =
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def choose_best(results: str | Path, manifest: dict) -> dict:
+def choose_best(results: str | Path, manifest: dict, verdicts: dict | None = None) -> dict:
     """Per program of the manifest, our best to measure the baselines against: ``(manifest
     entry, True)`` for the re-timed record (``retime.jsonl``, else ``results.jsonl``) with
-    the highest speedup whose interval lies above 1, Equal and not rejected by the
-    sanitizer; else ``(an entry, False)``: the original, when it ran Equal on the device;
-    programs with neither are left out."""
+    the highest speedup whose interval lies above 1, Equal, not rejected by the sanitizer and
+    with a clean sanitizer verdict where the tool can run (:func:`steptp.gpu.sanitizer.best_verdict`:
+    a faster record the tool could have checked but did not is passed over for the next one);
+    else ``(an entry, False)``: the original, when it ran Equal on the device; programs with
+    neither are left out. ``verdicts``, when given, receives per program the chosen best's
+    verdict (``"clean"``, or ``"unchecked: ..."`` where no tool can run) or, when the
+    original stands because every faster record lacked a verdict, ``"no best: <why>"``."""
     results = Path(results)
     entries = {e["id"]: e for e in manifest["entries"]}
     timed = read_entries(results / "retime.jsonl") or read_entries(results / "results.jsonl")
     main = read_entries(results / "results.jsonl")
+    unchecked = san.unchecked_label()
     out: dict = {}
-    score: dict[str, float] = {}
+    cands: dict[str, list] = {}
     for r in timed.values():
         t = r.timing
         if r.status != "equal" or r.id not in entries or t is None or not t.ci or t.ci[0] <= 1.0:
             continue
-        if t.speedup > score.get(r.program, 0.0):
-            score[r.program] = t.speedup
-            out[r.program] = (entries[r.id], True)
+        cands.setdefault(r.program, []).append(r)
+    for k, rs in cands.items():
+        rs.sort(key=lambda r: -r.timing.speedup)  # stable: the first of equal speedups stays first
+        passed = []
+        for r in rs:
+            v = san.best_verdict(r, unchecked)
+            if v is not None:
+                out[k] = (entries[r.id], True)
+                if verdicts is not None:
+                    verdicts[k] = v
+                break
+            passed.append(f"{r.id}: {san.no_verdict_reason(r)}")
+        else:
+            if verdicts is not None:
+                verdicts[k] = f"no best: {passed[0]}"[:500]
     for r in main.values():
         if r.program not in out and r.original.equal and r.id in entries:
             out[r.program] = (entries[r.id], False)
@@ -103,12 +120,15 @@ def measure_baselines(pack: str, results: str | Path, manifest: dict, *, device_
     """The baselines of every program (``programs``: only these keys) against
     :func:`choose_best`'s best, in one GPU worker (pool kind ``gpu-baselines``), written to
     ``RESULTS/baselines.jsonl`` (what an earlier call measured there for the same best is
-    kept). Options: :func:`steptp.gpu.baselines.run_baselines`."""
+    kept). The best's sanitizer verdict (:func:`choose_best`) is recorded as ``best_sanitizer``.
+    Options: :func:`steptp.gpu.baselines.run_baselines`."""
     results = Path(results)
     progs = {k: v for k, v in manifest["programs"].items() if programs is None or k in programs}
     runner = shared("gpu-baselines", eager_cap_s, preload="runtime")
+    verdicts: dict = {}
+    best = choose_best(results, manifest, verdicts)
     try:
-        out = run_baselines(pack, _refdir(results), progs, choose_best(results, manifest), device_name=device_name,
+        out = run_baselines(pack, _refdir(results), progs, best, device_name=device_name, verdicts=verdicts,
                             rounds=rounds, min_ms=min_ms, eager_cap_s=eager_cap_s, compile_cap_s=compile_cap_s,
                             compile_modes=compile_modes, torch_ok=torch_ok, deadline=deadline, runner=runner,
                             checkpoint=lambda recs: write_baselines(results / "baselines.jsonl", recs),
@@ -131,11 +151,18 @@ def baselines_table(records: list[ProgramBaselines]) -> str:
     lines = ["## Baselines, like with like (µs per call; ratio = baseline / ours, 95 % interval)", "",
              "best: our best's kernels (`time_evaluator`); best py: called from Python; eager: PyTorch eager from "
              "Python; graph: eager in a CUDA graph (kernels); compile / autotune: `torch.compile` default / "
-             "`max-autotune-no-cudagraphs` from Python.", "",
-             "| program | best | best py | original | eager | graph | compile | autotune | compile s "
-             "| vs eager | vs graph | vs compile | vs autotune |", "|" + "---|" * 13]
+             "`max-autotune-no-cudagraphs` from Python. Sanitizer: the best's compute-sanitizer verdict; eager "
+             "check: PyTorch ran with the program's own parameters and its output was compared with our "
+             "original's (not equal: eager is not timed).", "",
+             "| program | best | sanitizer | best py | original | eager | eager check | graph | compile | autotune "
+             "| compile s | vs eager | vs graph | vs compile | vs autotune |", "|" + "---|" * 15]
+
+    def cell(text) -> str:
+        return "-" if not text else str(text).replace("|", "\\|").replace("\n", " ")[:80]
+
     for b in records:
-        lines.append(f"| {b.name} | {us(b.best_us)} | {us(b.best_py_us)} | {us(b.original_us)} | {us(b.eager_us)} | "
+        lines.append(f"| {b.name} | {us(b.best_us)} | {cell(b.best_sanitizer)} | {us(b.best_py_us)} | "
+                     f"{us(b.original_us)} | {us(b.eager_us)} | {cell(b.eager_check)} | "
                      f"{us(b.eager_graph_us)} | {us(b.compile_us)} | {us(b.compile_autotune_us)} | "
                      f"{us(b.compile_s)} | {ratio(b, 'speedup_vs_eager')} | {ratio(b, 'speedup_vs_eager_graph')} | "
                      f"{ratio(b, 'speedup_vs_compile')} | {ratio(b, 'speedup_vs_compile_autotune')} |")

@@ -281,7 +281,12 @@ class ProgramBaselines:
     ``dtypes``: the program's tensors' dtypes; ``torch_dtype``: the model's floating dtype;
     ``allow_tf32``: PyTorch's TF32 switches while eager and ``torch.compile`` ran
     (``{"matmul": bool, "cudnn": bool}``, both False: IEEE f32 like our kernels; None: no
-    PyTorch baseline ran);
+    PyTorch baseline ran); ``eager_params`` (``"program"``: the model ran with the program's
+    own parameter values, else ``"own seeded: <why>"``), ``eager_check`` (``"equal"``: its
+    output matched our original's on trial 0, ``"mismatch: ..."``: eager is not comparable and
+    not timed), ``eager_mode`` (``train``/``eval``), ``best_sanitizer`` (the compute-sanitizer
+    verdict of ``best_id``: ``clean``, ``unchecked: ...`` where no tool can check; None for
+    the original);
     ``iqr_us``: per time field its interquartile range ``[q1, q3]``; ``ratios``: per name of
     :data:`RATIOS` a :class:`Ratio`; ``reasons``: per None time or ratio field why;
     ``cpu_figures``: what ran on the CPU of the simulated device instead (never GPU figures)."""
@@ -295,6 +300,10 @@ class ProgramBaselines:
     dtypes: dict = field(default_factory=dict)
     torch_dtype: str | None = None
     allow_tf32: dict | None = None
+    eager_params: str | None = None
+    eager_check: str | None = None
+    eager_mode: str | None = None
+    best_sanitizer: str | None = None
     best_us: float | None = None
     best_py_us: float | None = None
     original_us: float | None = None
@@ -369,7 +378,8 @@ class ProgramBaselines:
         ratio of :data:`RATIOS` (``speedup_vs_original``, ``speedup_vs_eager``, ``speedup_vs_eager_graph``,
         ``speedup_vs_compile``, ``speedup_vs_compile_autotune``) the value and
         ``<ratio>_ci`` ([lo, hi]); for each of these that is None ``<field>_reason``; and
-        ``dtypes``, ``torch_dtype``, ``baseline_device``, ``device_name``, ``allow_tf32``."""
+        ``dtypes``, ``torch_dtype``, ``baseline_device``, ``device_name``, ``allow_tf32``,
+        ``eager_params``, ``eager_check``, ``best_sanitizer``."""
         self.fill_ratio_reasons()
         out: dict = {f: getattr(self, f) for f in TIME_FIELDS}
         for r in RATIOS:
@@ -380,7 +390,8 @@ class ProgramBaselines:
             if out[k] is None and not k.endswith("_ci"):
                 out[f"{k}_reason"] = self.reasons.get(k) or "not measured"
         out.update(dtypes=dict(self.dtypes), torch_dtype=self.torch_dtype, baseline_device=self.device,
-                   device_name=self.device_name, allow_tf32=dict(self.allow_tf32) if self.allow_tf32 else None)
+                   device_name=self.device_name, allow_tf32=dict(self.allow_tf32) if self.allow_tf32 else None,
+                   eager_params=self.eager_params, eager_check=self.eager_check, best_sanitizer=self.best_sanitizer)
         return out
 
 
