@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable, Iterable
 
 from ..leir import ast as A
@@ -161,10 +162,45 @@ def _compile(t) -> Callable:
 
     def f_op(ctx):
         x, y = a(ctx), b(ctx)
-        if not (isinstance(x, int) and isinstance(y, int)):
-            raise ValueExprError(f"arithmetic on non-integers {x!r} {op} {y!r}")
-        return _arith(op, x, y)
+        if isinstance(x, int) and isinstance(y, int):
+            return _arith(op, x, y)
+        qx, qy = _rational(x), _rational(y)
+        if qx is None or qy is None:
+            raise ValueExprError(f"arithmetic on non-numbers {x!r} {op} {y!r}")
+        return _arith_q(op, qx, qy)
     return f_op
+
+
+def _rational(v) -> Fraction | None:
+    """``v`` as an exact rational: an int, a decimal literal (a ``Fraction``) or a bound
+    finite float constant of the program (``A.Float``, ``-A.Float``; a double is a dyadic
+    rational); None for anything else."""
+    if isinstance(v, (int, Fraction)):
+        return Fraction(v)
+    neg = isinstance(v, A.Neg)
+    f = v.operand if neg else v
+    if isinstance(f, A.Float) and math.isfinite(f.value):
+        q = Fraction(f.value)
+        return -q if neg else q
+    return None
+
+
+def _arith_q(op: str, a: Fraction, b: Fraction):
+    """``a op b`` on exact rationals (a value expression with a decimal in it): ``/`` is
+    exact, ``//`` floors to an int, division by zero raises :class:`ValueExprError`."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if b == 0:
+        raise ValueExprError(f"{a} {op} 0: division by zero")
+    if op == "/":
+        return a / b
+    if op == "//":
+        return a // b
+    return a % b
 
 
 def _arith(op: str, a: int, b: int) -> int:
@@ -188,7 +224,13 @@ _CMP_FN = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b:
 
 
 def _compare(op: str, x, y) -> bool:
-    """``x op y``; incomparable values raise :class:`ValueExprError`."""
+    """``x op y``; incomparable values raise :class:`ValueExprError`. With a decimal (a
+    ``Fraction``) on one side, a bound float constant on the other is compared as the exact
+    rational it is (``?c == 16.0``)."""
+    if isinstance(x, Fraction) or isinstance(y, Fraction):
+        qx, qy = _rational(x), _rational(y)
+        if qx is not None and qy is not None:
+            x, y = qx, qy
     try:
         return _CMP_FN[op](x, y)
     except TypeError:

@@ -32,6 +32,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from ..leir import ast as A
@@ -146,6 +147,8 @@ def display(v) -> str:
         return "(" + ",".join(display(x) for x in v) + ")"
     if isinstance(v, (str, int)):
         return str(v)
+    if isinstance(v, Fraction):  # a decimal of the value language, as the literal a rewrite writes
+        return format_node(A.float_literal(float(v)))
     return format_node(v)
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Iterator
 
 from lark import Token, Transformer, v_args
@@ -182,6 +183,9 @@ class _ValueToTree(Transformer):
 
     def v_int(self, t):
         return ("lit", int(t))
+
+    def v_decimal(self, t):
+        return ("lit", Fraction(str(t)))  # exact: 0.1 is 1/10, not the nearest double
 
     def v_var(self, t):
         return ("var", t[1:])
@@ -538,6 +542,8 @@ def value_to_expr(x) -> A.Expr:
         return A.int_literal(x)
     if isinstance(x, float):
         return A.Float(x) if x >= 0 or math.isnan(x) else A.Neg(A.Float(-x))
+    if isinstance(x, Fraction):  # a decimal of the value language: the nearest float literal
+        return A.float_literal(float(x))
     if isinstance(x, str):
         return A.Index(x)
     if isinstance(x, (A.Int, A.Float, A.Index, A.Tensor, A.Neg, A.BinOp, A.Call, A.Compare, A.BoolOp, A.Not)):
