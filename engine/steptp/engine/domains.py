@@ -107,7 +107,7 @@ _COMPILED: dict[str, Callable] = {}
 def _compile(t) -> Callable:
     """A parsed value tree (:func:`parse_value`) -> ``fn(ctx)`` evaluating it: ``and``/``or``
     short-circuit to booleans, comparisons of incomparable values, unbound metavariables,
-    unknown functions, wrong arities, arithmetic on non-integers and inexact ``/`` raise
+    unknown functions, wrong arities, arithmetic on non-numbers and inexact integer ``/`` raise
     :class:`ValueExprError`; ``Int`` bindings read as Python ints. Compiled once per text
     (a domain's ``require:`` conditions are evaluated once per candidate value; walking the
     tree each time was a third of the time to list candidates)."""
