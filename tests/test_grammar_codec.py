@@ -3,6 +3,7 @@ extends ``grammar.lark``) and one AST <-> egglog codec (``steptp.engine.codec``)
 
 from __future__ import annotations
 
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 
@@ -94,7 +95,8 @@ def test_value_language():
         "or", ("not", ("cmp", "==", ("var", "n"), ("lit", 2))), ("and", ("var", "m"), ("lit", "s")))
     assert parse_value("-3") == ("op", "-", ("lit", 0), ("lit", 3))
     assert parse_value("V") == ("lit", "V") and parse_value("nothing") == ("lit", "nothing")
-    for bad in ("?n < 2 < 3", "1.5", "?a ?b", "?n >"):
+    assert parse_value("1.5") == ("lit", Fraction(3, 2))  # a decimal is an exact rational (issue 54)
+    for bad in ("?n < 2 < 3", "1.5.2", "?a ?b", "?n >"):
         with pytest.raises(P.PatternError):
             parse_value(bad)
 
@@ -118,10 +120,10 @@ def test_pattern_errors_name_line_and_column():
 
 def test_broken_rule_names_file_field_line_and_column():
     text = (RULES_DIR / "loop_split.yaml").read_text().replace('"?k^{?n}_{?i=0}"', '"?k^{?n}_{?i=0"')
-    with pytest.raises(RuleError, match=r"broken\.yaml: match\.loop: .*expected '\}' at line 1, column 14"):
+    with pytest.raises(RuleError, match=r"broken\.yaml:23:23: match\.loop: .*expected '\}' at line 1, column 14"):
         load_rule_text(text, "broken.yaml")
     text = (RULES_DIR / "loop_split.yaml").read_text().replace('"factorizable(?n)"', '{check: "?n > 2 and"}')
-    with pytest.raises(RuleError, match=r"broken\.yaml: where\[0\]\.check: .*line 1, column 11"):
+    with pytest.raises(RuleError, match=r"broken\.yaml:25:24: where\[0\]\.check: .*line 1, column 11"):
         load_rule_text(text, "broken.yaml")
 
 
@@ -184,7 +186,7 @@ def test_bad_where_clauses_are_refused(item, message):
 
 def test_broken_where_clause_names_file_and_field():
     text = (RULES_DIR / "loop_split.yaml").read_text().replace('"factorizable(?n)"', '"factorizable(?n) and"')
-    with pytest.raises(RuleError, match=r"broken\.yaml: where\[0\]: unexpected 'and'.*line 1, column 18"):
+    with pytest.raises(RuleError, match=r"broken\.yaml:25:23: where\[0\]: unexpected 'and'.*line 1, column 18"):
         load_rule_text(text, "broken.yaml")
 
 

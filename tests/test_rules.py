@@ -3,6 +3,7 @@ schema / semantic errors that name the file and the field."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -165,14 +166,14 @@ def test_errors_name_file_and_field(tmp_path, mutate, field, fragment):
     e = _error(tmp_path, mutate)
     src = str(tmp_path / "loop_split.yaml")
     msg = str(e)
-    assert msg.startswith(f"{src}: {field}: "), msg
+    assert re.match(rf"{re.escape(src)}:\d+:\d+: {re.escape(field)}: ", msg), msg  # FILE:LINE:COL: field
     assert fragment in msg, msg
     assert e.source == src
 
 
 def test_id_must_match_file_name(tmp_path):
     e = _error(tmp_path, lambda d: None, name="other_name.yaml")
-    assert str(e).startswith(f"{tmp_path / 'other_name.yaml'}: id: ")
+    assert str(e).startswith(f"{tmp_path / 'other_name.yaml'}:1:5: id: ")  # at the id's value
 
 
 def test_invalid_yaml_names_the_position(tmp_path):
@@ -180,7 +181,7 @@ def test_invalid_yaml_names_the_position(tmp_path):
     p.write_text("id: broken\nname: [unclosed\n")
     with pytest.raises(RuleError) as ei:
         load_rule(p)
-    assert str(ei.value).startswith(f"{p}: line ")
+    assert str(ei.value).startswith(f"{p}:3:1: (top level): invalid YAML"), str(ei.value)
 
 
 def test_rules_that_passed_their_checks_are_remembered_and_a_broken_edit_is_still_refused(tmp_path, monkeypatch):

@@ -204,11 +204,16 @@ def md(doc: str) -> str:
     return "\n\n".join(paras)
 
 
-def _shipped_rules(directory: Path | None = None) -> list[tuple[str, dict]]:
+def _shipped_rules(directory=None) -> list[tuple[str, dict]]:
+    """``(id, data)`` of the rules whose uses illustrate the page: the ``*.yaml`` files of
+    ``directory`` (default: the shipped rules), or the files of a list (``stp rules docs
+    --rules DIR``: the shipped rules and the user's)."""
     from ..resources import rules_dir
 
     out = []
-    for f in sorted(Path(directory or rules_dir()).glob("*.yaml")):
+    files = list(directory) if isinstance(directory, (list, tuple)) else \
+        sorted(Path(directory or rules_dir()).glob("*.yaml"))
+    for f in files:
         data = yaml.safe_load(f.read_text(encoding="utf-8"))
         if isinstance(data, dict):
             out.append((str(data.get("id", f.stem)), data))
@@ -347,8 +352,10 @@ def undocumented() -> list[str]:
     return sorted(out)
 
 
-def rule_language_page(rules_directory: Path | None = None) -> str:
-    """The Markdown text of ``docs/rule-language.md`` (deterministic). A registry name or
+def rule_language_page(rules_directory=None) -> str:
+    """The Markdown text of ``docs/rule-language.md`` (deterministic); ``rules_directory``:
+    where the examples come from (a directory or a list of rule files; default: the shipped
+    rules). A registry name or
     rule field without a meaning (:func:`undocumented`) is shown as :data:`UNDOCUMENTED`;
     ``tests/test_docs.py`` fails on it."""
     from ..engine import cot
@@ -494,11 +501,21 @@ def rule_language_page(rules_directory: Path | None = None) -> str:
     w("## Value functions")
     w("")
     w("A YAML string containing `?` or `(` in `let:`, a parameter domain, a `{check: ...}` clause, a "
-      "step's `when:` or a primitive argument is a value expression: metavariables, integers, quoted "
-      "strings, bare words (string literals), `+ - * / // %`, comparisons, `and`/`or`/`not`, and the "
-      "functions below (`steptp.engine.domains.VALUE_FUNCTIONS`). `N` is a nest, `X` a tensor name, `L` "
-      "a list, `t` a term, `pos` a loop position (from 0). A bad argument raises a `ValueExprError` "
-      "naming the function.")
+      "step's `when:` or a primitive argument is a value expression: metavariables, integers, decimals "
+      "(`0.0625`, `1.5e-3`), quoted strings, bare words (string literals), `+ - * / // %`, comparisons, "
+      "`and`/`or`/`not`, and the functions below (`steptp.engine.domains.VALUE_FUNCTIONS`). `N` is a "
+      "nest, `X` a tensor name, `L` a list, `t` a term, `pos` a loop position (from 0). A bad argument "
+      "raises a `ValueExprError` naming the function; a name that is not a value function is refused "
+      "when the rule loads (`FILE:LINE:COL: let.r: unknown value function 'slise'; did you mean "
+      "'slice'?`).")
+    w("")
+    w("Arithmetic on integers stays integer (`/` must divide exactly: it computes extents and "
+      "factors). A decimal is the exact rational it writes (`0.1` is 1/10, not the nearest double, "
+      "as the symbolic check of math rules computes); arithmetic with a decimal, or with a bound float "
+      "constant of the program (`?c` matched on `3.0`), is exact rational arithmetic (`1.0/?c` is "
+      "1/3), and such a value becomes the nearest float literal where a rewrite uses it. A `let:` "
+      "value may be a decimal alone (`r: 0.0625` or `r: \"0.0625\"`): a decimal not inside an "
+      "expression is not a string literal.")
     w("")
     sections = ("let", "params", "where", "rewrite", "filter", "fresh")
     for name in sorted(values):
@@ -577,7 +594,7 @@ def _rewrite_steps(data: dict) -> list[dict]:
     return [st for st in (rw or []) if isinstance(st, dict)]
 
 
-def write_rule_language(path: str | Path, rules_directory: Path | None = None) -> bool:
+def write_rule_language(path: str | Path, rules_directory=None) -> bool:
     """Write :func:`rule_language_page` to ``path``; True when the file changed."""
     p = Path(path)
     text = rule_language_page(rules_directory)

@@ -6,14 +6,19 @@ steps, CoT template and tests, so a broken rule fails at load time with
 ``FILE: field.path: message`` rather than at application time.
 
 ``load_rules()`` loads every ``*.yaml`` of the shipped rule directory (the repo-root
-``rules/`` directory, installed as the package ``steptp._rules``).
+``rules/`` directory, installed as the package ``steptp._rules``), then those of the user
+rule folders named by ``$STP_RULES_PATH`` (``stp ... --rules DIR`` sets it); a user rule
+with a shipped rule's id replaces it. Errors read ``FILE:LINE:COL: field: message``
+(:mod:`steptp.rules.positions`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -24,6 +29,7 @@ import yaml
 from ..resources import rules_dir
 from ..engine.primitives import MAX_DOMAIN_VALUES
 from .checks import check_rule
+from .positions import locate_error
 from .schema import LEVELS, RuleError, validate_rule_data
 
 
@@ -134,6 +140,25 @@ def display_path(path: str | os.PathLike) -> str:
     return str(path)
 
 
+_DECIMAL = re.compile(r"\s*-?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?\s*")
+_NUMERIC = re.compile(r"[\d.eE\s+\-*/%]*(\d+\.\d*|\.\d+)[\d.eE\s+\-*/%]*")
+
+
+def _decimal(v):
+    """A ``let:`` value that is a decimal number (YAML ``0.0625`` or the string ``"0.0625"``)
+    as the exact rational it writes (:class:`fractions.Fraction`, as a decimal inside a value
+    expression); arithmetic on decimal numbers without a metavariable or a parenthesis
+    (``"0.25 * 0.25"``, which the value language would read as a string literal) as a value
+    expression; any other value unchanged."""
+    if isinstance(v, float) and math.isfinite(v):
+        return Fraction(repr(v))
+    if isinstance(v, str) and _DECIMAL.fullmatch(v):
+        return Fraction(v.strip())
+    if isinstance(v, str) and _NUMERIC.fullmatch(v):
+        return f"({v})"
+    return v
+
+
 def _build(data: dict, source: str, path: str | None) -> Rule:
     m = data["match"]
     scopes = list(m)
@@ -153,12 +178,13 @@ def _build(data: dict, source: str, path: str | None) -> Rule:
                               no_match=bool(t.get("no_match", False)), params=t.get("params"), site=t.get("site"),
                               seed=int(t.get("seed", 0)), cot_contains=tuple(t.get("cot_contains", ())),
                               verify=bool(t.get("verify", True))))
+    let = {k: _decimal(v) for k, v in data.get("let", {}).items()}
     key = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
     d = data["difficulty"]
     return Rule(id=data["id"], name=data["name"], category=data["category"], description=data["description"].strip(),
                 preconditions=tuple(data["preconditions"]), difficulty={"K": d["K"], "P": d["P"], "S": d["S"]},
                 scope=scope, match=match, where=tuple(data.get("where", ())), params=dict(data.get("params", {})),
-                let=dict(data.get("let", {})), fresh=dict(data.get("fresh", {})), rewrite=rewrite, cot=data["cot"],
+                let=let, fresh=dict(data.get("fresh", {})), rewrite=rewrite, cot=data["cot"],
                 tests=tuple(tests), inverse=data.get("inverse"), follows=tuple(data.get("follows", ())),
                 source=data.get("source"), path=path, raw=data,
                 key=key)
@@ -294,13 +320,16 @@ def load_rule_text(text: str, source: str = "<string>", path: str | None = None)
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RuleError(source, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+        raise RuleError(source, "", f"invalid YAML: {getattr(e, 'problem', None) or e}",
+                        positions=[(mark.line + 1, mark.column + 1)] if mark else None) from None
     except RecursionError:
         raise RuleError(source, "", "YAML nested too deeply") from None
-    validate_rule_data(data, source)
-    rule = _build(data, source, path)
-    _semantic_checks(rule, data, source, Path(path).stem if path else None)
+    try:
+        validate_rule_data(data, source)
+        rule = _build(data, source, path)
+        _semantic_checks(rule, data, source, Path(path).stem if path else None)
+    except RuleError as e:
+        raise locate_error(e, text) from None
     return rule
 
 
@@ -332,11 +361,74 @@ def default_rules_dir() -> Path:
     return rules_dir()
 
 
-def load_rules(directory: str | os.PathLike | None = None) -> list[Rule]:
-    """Load every ``*.yaml`` rule of ``directory`` (default: the shipped rules), sorted by
-    file name. Raises :class:`RuleError` for an invalid file or duplicate ids."""
-    d = Path(directory) if directory is not None else default_rules_dir()
-    rules = [load_rule(p) for p in sorted(d.glob("*.yaml"))]
+#: The environment variable naming user rule folders (``:``-separated on POSIX, as ``PATH``),
+#: loaded after the shipped rules; ``--rules DIR`` of the ``stp`` commands adds to it (and so
+#: reaches the worker processes those commands start).
+RULES_PATH_ENV = "STP_RULES_PATH"
+
+
+def user_rule_dirs() -> list[Path]:
+    """The user rule folders of ``$STP_RULES_PATH`` (:data:`RULES_PATH_ENV`), in order,
+    empty entries skipped, ``~`` expanded."""
+    env = os.environ.get(RULES_PATH_ENV, "")
+    return [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()]
+
+
+def rule_paths(report=None) -> list[Path]:
+    """The rule files in effect: every ``*.yaml`` of the shipped directory (sorted by file
+    name), then those of each user folder (:func:`user_rule_dirs`, in order, each sorted).
+    A user file named like a shipped one (a rule's id is its file name) takes the shipped
+    one's place, and ``report`` (when given) is called with one line saying so. Raises
+    :class:`RuleError` for a user folder that is not a directory and for two user files of
+    the same name."""
+    shipped = default_rules_dir()
+    paths = sorted(shipped.glob("*.yaml"))
+    pos = {p.stem: i for i, p in enumerate(paths)}
+    user: dict[str, Path] = {}
+    for d in user_rule_dirs():
+        if not d.is_dir():
+            raise RuleError(str(d), "", f"not a rule directory (from --rules or ${RULES_PATH_ENV})")
+        for p in sorted(d.glob("*.yaml")):
+            if p.stem in user:
+                raise RuleError(str(p), "id", f"duplicate rule id {p.stem!r} (also in {user[p.stem]})")
+            user[p.stem] = p
+            if p.stem in pos:
+                if report is not None:
+                    report(f"note: rule {p.stem!r} from {p} replaces the shipped rules/{p.name}")
+                paths[pos[p.stem]] = p
+            else:
+                pos[p.stem] = len(paths)
+                paths.append(p)
+    return paths
+
+
+def find_rule(ref: str | os.PathLike) -> Path:
+    """The file of a rule given as a path (an existing file) or as an id, looked up among
+    the rules in effect (:func:`rule_paths`: shipped, then user folders). Raises
+    :class:`FileNotFoundError` naming the folders searched."""
+    p = Path(ref)
+    if p.is_file() or p.suffix in (".yaml", ".yml") or os.sep in str(ref):
+        if not p.is_file():
+            raise FileNotFoundError(f"{ref}: no such rule file")
+        return p
+    for q in rule_paths():
+        if q.stem == str(ref):
+            return q
+    dirs = ", ".join(["the shipped rules"] + [str(d) for d in user_rule_dirs()])
+    raise FileNotFoundError(f"{ref}: no such rule file, and no rule with that id in {dirs}")
+
+
+def load_rules(directory: str | os.PathLike | None = None, *, report=None) -> list[Rule]:
+    """Load every ``*.yaml`` rule of ``directory``, sorted by file name; without one, the
+    rules in effect (:func:`rule_paths`: the shipped rules, then the user folders of
+    ``$STP_RULES_PATH``, a user rule replacing a shipped rule of the same id, ``report``
+    called with the line that says so). Raises :class:`RuleError` for an invalid file or
+    duplicate ids."""
+    if directory is not None:
+        files = sorted(Path(directory).glob("*.yaml"))
+    else:
+        files = rule_paths(report)
+    rules = [load_rule(p) for p in files]
     seen: dict[str, Rule] = {}
     for r in rules:
         if r.id in seen:
@@ -346,4 +438,5 @@ def load_rules(directory: str | os.PathLike | None = None) -> list[Rule]:
 
 
 __all__ = ["LEVELS", "difficulty_score", "difficulty_level", "RuleTest", "Rule", "display_path", "load_rule_text",
-           "load_rule", "load_rules", "default_rules_dir"]
+           "load_rule", "load_rules", "default_rules_dir", "RULES_PATH_ENV", "user_rule_dirs", "rule_paths",
+           "find_rule"]

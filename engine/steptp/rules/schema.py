@@ -79,7 +79,7 @@ _FRESH = {
 
 _LET = {
     "oneOf": [
-        {"type": ["string", "integer"]},
+        {"type": ["string", "number"]},
         {"type": "object", "required": ["lookup"], "additionalProperties": False,
          "properties": {"lookup": {"type": ["string", "integer"]},
                         "table": {"type": "object", "additionalProperties": {"type": ["string", "integer"]}},
@@ -178,16 +178,35 @@ _VALIDATOR = jsonschema.Draft202012Validator(RULE_SCHEMA)
 
 
 class RuleError(ValueError):
-    """An invalid rule file. ``str(e)`` is ``FILE: FIELD.PATH: message`` (one line per
-    problem); ``e.source``, ``e.field`` and ``e.problems`` give the parts."""
+    """An invalid rule file. ``str(e)`` is one line per problem: ``FILE:LINE:COL: FIELD.PATH:
+    message`` when the loader located the field in the file's text, else ``FILE: FIELD.PATH:
+    message``; ``e.source``, ``e.field``, ``e.problems`` (``(field, message)`` pairs),
+    ``e.positions`` (``(line, column)`` or None per problem, 1-based), ``e.line`` and
+    ``e.column`` (of the first problem) give the parts. ``name``: the name the message is
+    about (an unknown relation, function, key), which the loader looks for inside the field
+    to point at it rather than at the field's start."""
 
-    def __init__(self, source: str, field: str, message: str, problems: list[tuple[str, str]] | None = None):
+    def __init__(self, source: str, field: str, message: str, problems: list[tuple[str, str]] | None = None,
+                 *, name: str | None = None, positions: list | None = None):
         self.source = source
         self.field = field
         self.message = message
+        self.name = name
         self.problems = problems or [(field, message)]
-        text = "\n".join(f"{source}: {f or '(top level)'}: {m}" for f, m in self.problems)
+        self.positions = list(positions) if positions is not None else [None] * len(self.problems)
+        first = self.positions[0] if self.positions else None
+        self.line, self.column = first if first else (None, None)
+        text = "\n".join(f"{source}{f':{p[0]}:{p[1]}' if p else ''}: {f or '(top level)'}: {m}"
+                         for (f, m), p in zip(self.problems, self.positions))
         super().__init__(text)
+
+    def __reduce__(self):
+        return (_rebuild_rule_error, (self.source, self.field, self.message, self.problems, self.name,
+                                      self.positions))
+
+
+def _rebuild_rule_error(source, field, message, problems, name, positions):
+    return RuleError(source, field, message, problems, name=name, positions=positions)
 
 
 def field_path(parts) -> str:

@@ -220,29 +220,6 @@ class LintFinding:
         return f"{self.level}: {self.rule}: {self.message}"
 
 
-def yaml_line(path: str | None, *keys) -> int | None:
-    """1-based line of the node at ``keys`` (mapping keys and sequence indices, e.g.
-    ``("where", 2)``) in the YAML file ``path``; None when the file or the node is missing."""
-    import yaml
-
-    if not path:
-        return None
-    try:
-        node = yaml.compose(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return None
-    for k in keys:
-        if isinstance(node, yaml.MappingNode):
-            node = next((v for kn, v in node.value if isinstance(kn, yaml.ScalarNode) and kn.value == k), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(k, int) and k < len(node.value):
-            node = node.value[k]
-        else:
-            node = None
-        if node is None:
-            return None
-    return node.start_mark.line + 1
-
-
 def _where_that_rejects(rule, module: LeirModule) -> tuple[int, int] | None:
     """``(k, sites)``: the first ``where:`` clause ``k`` (0-based) after which ``rule`` has no
     site on ``module`` although the clauses before it left ``sites`` > 0; None when the
@@ -264,32 +241,55 @@ def _where_that_rejects(rule, module: LeirModule) -> tuple[int, int] | None:
     return None
 
 
+def _where(rule, field: str, name: str | None = None) -> str:
+    """``FILE:LINE:COL`` of ``field`` in the rule's file (:func:`~steptp.rules.positions.locate_field`),
+    ``FILE`` alone when it cannot be read."""
+    from .positions import locate_field
+
+    src = rule.display_source
+    try:
+        pos = locate_field(Path(rule.path).read_text(encoding="utf-8"), field, name) if rule.path else None
+    except (OSError, UnicodeDecodeError):
+        pos = None
+    return f"{src}:{pos[0]}:{pos[1]}" if pos else src
+
+
+def symbolically_checked(rule) -> bool:
+    """Whether lint runs the symbolic check (:func:`steptp.engine.algebra.symbolic_check_programs`)
+    on the rule's tests: math rules (as ``stp rules test``) and every rule of the ``expr``
+    scope (a rewrite of one subexpression: before - after must be zero). Loop and nest
+    rewrites are left out: the check compares the equations one by one, so a loop split or a
+    fusion reads as a difference it cannot account for."""
+    return rule.category == "math" or rule.scope == "expr"
+
+
 def lint_tests(rules) -> list[LintFinding]:
-    """Errors a rule's own tests reveal without verifying anything (issue 34):
+    """Errors a rule's own tests reveal without verifying anything numerically (issues 34, 54):
 
     * the CoT template cannot render on a test the rule applies to (an undefined variable, a
-      filter error): ``FILE:LINE`` of its ``cot:`` key and the template's message; such a rule
-      would give an empty dataset;
+      filter error): ``FILE:LINE:COL`` of its ``cot:`` key and the template's message; such a
+      rule would give an empty dataset;
     * a test that expects a rewrite finds no site: the ``where:`` clause that rejected every
-      site the pattern and the clauses before it matched, with its line.
+      site the pattern and the clauses before it matched, with its position;
+    * the symbolic check disproves the rewrite a test produces (before - after is not zero;
+      :func:`symbolically_checked` rules): ``FILE:LINE:COL`` of ``rewrite``.
 
     Returns the findings (level ``error``)."""
     import jinja2
 
     from ..engine import NoMatch, apply_rule
+    from ..engine.algebra import symbolic_check_programs
 
     out: list[LintFinding] = []
     for rule in rules:
-        src = rule.display_source
         for t in rule.tests:
             if t.no_match:
                 continue
             try:
                 before = parse_leir(t.before, f"{rule.id} tests[{t.index}].before")
-                apply_rule(rule, before, seed=t.seed, site=t.site, params=t.params)
+                step = apply_rule(rule, before, seed=t.seed, site=t.site, params=t.params)
             except jinja2.TemplateError as e:
-                line = yaml_line(rule.path, "cot")
-                out.append(LintFinding(rule.id, "error", f"{src}:{line or '?'}: cot: the template cannot render on "
+                out.append(LintFinding(rule.id, "error", f"{_where(rule, 'cot')}: cot: the template cannot render on "
                                                          f"tests[{t.index}] ({t.name}): {type(e).__name__}: {e}"))
                 break
             except NoMatch:
@@ -298,13 +298,22 @@ def lint_tests(rules) -> list[LintFinding]:
                     where = "the match: pattern finds no site"
                 else:
                     k, n = hit
-                    line = yaml_line(rule.path, "where", k)
-                    where = (f"{src}:{line or '?'}: where[{k}] {rule.where[k]!r} rejects all {n} site(s) the pattern "
-                             f"and the clauses before it match")
+                    where = (f"{_where(rule, f'where[{k}]')}: where[{k}] {rule.where[k]!r} rejects all {n} site(s) "
+                             f"the pattern and the clauses before it match")
                 out.append(LintFinding(rule.id, "error", f"tests[{t.index}] ({t.name}) expects a rewrite but the rule "
                                                          f"does not match: {where}"))
+                continue
             except Exception:  # noqa: BLE001 - other failures are stp rules test's to report
                 continue
+            if symbolically_checked(rule):
+                try:
+                    verdict = symbolic_check_programs(before.program, step.after.program, before.signature)
+                except Exception:  # noqa: BLE001 - a form the check cannot read decides nothing
+                    verdict = "unknown"
+                if verdict == "disproved":
+                    out.append(LintFinding(rule.id, "error", f"{_where(rule, 'rewrite')}: rewrite: the symbolic check "
+                                                             f"disproves the rewrite on tests[{t.index}] ({t.name}): "
+                                                             f"before - after is not zero"))
     return out
 
 
@@ -354,6 +363,36 @@ def lint_rules(rules, program: LeirModule | None, slow_ms: float = 1000.0, growt
                                                          f"{len(big.program.nests)} (x{t_b / t_s:.0f} for x{ratio_n:.0f} "
                                                          f"nests)"))
     return findings, fig
+
+
+def site_text(module: LeirModule, site, width: int = 100) -> str:
+    """The program text at ``site`` (a :class:`~steptp.engine.match.Site` of ``module``):
+    the matched subexpression (expr scope), the equation, the loop with its nest (``L^{8}_{a=0}
+    in B^{4}_{tx=0}L^{8}_{a=0}[...]``), the nest, the nests or the tensor's first access;
+    shortened to ``width`` characters (``...``); ``""`` when the site does not resolve."""
+    from ..engine.primitives import expr_at, get_item, iter_tensors
+    from ..leir.printer import format_assign, format_expr, format_loops, format_nest
+
+    prog = module.program
+    try:
+        if site.equation is not None and site.expr is not None:
+            text = format_expr(expr_at(get_item(prog, site.equation).value, site.expr))
+        elif site.equation is not None:
+            text = format_assign(get_item(prog, site.equation))
+        elif site.nest is not None and site.loop is not None:
+            nest = get_item(prog, site.nest)
+            text = f"{format_loops((nest.loops[site.loop],))} in {format_nest(nest)}"
+        elif site.nest is not None:
+            text = format_nest(get_item(prog, site.nest))
+        elif site.nests:
+            text = " ".join(format_nest(get_item(prog, p)) for p in site.nests)
+        elif site.tensor is not None:
+            text = next((format_expr(t) for t in iter_tensors(prog) if t.name == site.tensor), site.tensor)
+        else:
+            return ""
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return ""
+    return text if len(text) <= width else text[: max(0, width - 3)] + "..."
 
 
 # ---------------------------------------------------------------------------
@@ -451,4 +490,4 @@ def format_coverage(rows: list[CoverageRow], total: int | None = None) -> str:
 
 
 __all__ = ["PAPER_STRATEGIES", "EXTRA_STRATEGIES", "rule_rows", "replicate", "merge_programs", "scaled_to", "match_cost", "LintFinding", "largest_program",
-           "lint_rules", "CoverageRow", "coverage", "format_coverage"]
+           "lint_tests", "symbolically_checked", "lint_rules", "site_text", "CoverageRow", "coverage", "format_coverage"]
