@@ -106,3 +106,46 @@ def internal_errors_exit(internal: int, programs: int, where) -> None:
     if internal >= programs:
         fail(f"all {programs} program(s) failed with internal errors; see {where}", 1)
     typer.echo(f"{internal} of {programs} program(s) failed with internal errors; see {where}", err=True)
+
+
+#: Help of ``--rules`` (every command that uses rules).
+RULES_HELP = ("A folder of your own rule files (*.yaml), used after the shipped rules; repeatable, added to "
+              "$STP_RULES_PATH (':'-separated). A rule with a shipped rule's id replaces it (one line on stderr "
+              "says so).")
+
+
+def rules_option():
+    """The ``--rules DIR`` option (repeatable) of the commands that use rules."""
+    return typer.Option(None, "--rules", help=RULES_HELP, file_okay=False)
+
+
+def use_rule_dirs(dirs, load: bool = True) -> list:
+    """Put the user rule folders ``dirs`` (``--rules``) after those of ``$STP_RULES_PATH``
+    in that variable, so that every worker process this command starts (engine service,
+    process pools) loads them too; check that each is a directory and (``load``) that every
+    user rule file loads (exit 2 with ``FILE:LINE:COL: field: message`` otherwise), and print
+    one line on stderr for each user rule that replaces a shipped one. Returns the rule files
+    in effect (:func:`steptp.rules.loader.rule_paths`)."""
+    import os
+
+    from ..rules import RuleError
+    from ..rules.loader import RULES_PATH_ENV, default_rules_dir, load_rule, rule_paths, user_rule_dirs
+
+    for d in dirs or ():
+        if not Path(d).is_dir():
+            fail(f"{d}: --rules needs a directory of rule files (*.yaml)")
+    if dirs:
+        have = [str(p) for p in user_rule_dirs()]
+        new = [str(Path(d).resolve()) for d in dirs if str(Path(d).resolve()) not in have]
+        os.environ[RULES_PATH_ENV] = os.pathsep.join(have + new)
+    if not user_rule_dirs():
+        return rule_paths()
+    try:
+        paths = rule_paths(report=lambda line: typer.echo(line, err=True))
+    except RuleError as e:
+        fail(str(e))
+    shipped = default_rules_dir().resolve()
+    for p in paths if load else ():
+        if p.resolve().parent != shipped:
+            guard_rule(p, lambda p=p: load_rule(p))
+    return paths

@@ -10,14 +10,16 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import fail, guard_rule, internal_errors_exit
+from .common import fail, guard_rule, internal_errors_exit, rules_option, use_rule_dirs
 
 
 @app.command()
 def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir files or directories."),
             outdir: Path = typer.Option(..., "-o", "--out", help="Output directory (resumable)."),
             seed: int = typer.Option(0, "--seed"),
-            rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: all shipped rules."),
+            rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s) or rule id(s); default: all "
+                                                                           "rules (shipped and --rules folders)."),
+            rule_dirs: Optional[List[Path]] = rules_option(),
             workers: int = typer.Option(1, "-j", "--workers", min=1,
                                         help="Parallel worker processes (spawn), a count."),
             batch: int = typer.Option(8, "--programs-per-task", min=1,
@@ -93,13 +95,15 @@ def dataset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
         fail(problem)  # before anything is created or changed under OUTDIR
     from ..dataset.generate import Options
     from ..dataset.pipeline import DatasetError, DatasetInterrupted, WorkerCrashed, generate_dataset
-    from ..resources import rules_dir
     from ..rules import load_rule
+    from ..rules.loader import find_rule
 
-    rule_paths = [str(p) for p in (rules or sorted(rules_dir().glob("*.yaml")))]
+    in_effect = use_rule_dirs(rule_dirs)
+    try:
+        rule_paths = [str(find_rule(p)) for p in rules] if rules else [str(p) for p in in_effect]
+    except FileNotFoundError as e:
+        fail(str(e))
     for p in rule_paths:
-        if not Path(p).exists():
-            fail(f"{p}: no such rule file")
         # a broken rule file is bad input (exit 2 before anything is written), not an internal
         # error of every program
         guard_rule(Path(p), lambda p=p: load_rule(p))

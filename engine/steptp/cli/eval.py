@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import fail, internal_errors_exit
+from .common import fail, internal_errors_exit, rules_option, use_rule_dirs
 
 
 @app.command("eval")
@@ -42,7 +42,8 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
           device: str = typer.Option("cpu", "--device", help="cpu or cuda: where answers are verified (cuda: their "
                                                             "GPU form runs on the GPU)."),
           no_recognise: bool = typer.Option(False, "--no-recognise", help="Skip the strategy recogniser."),
-          quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar.")):
+          quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+          rule_dirs: Optional[List[Path]] = rules_option()):
     """Evaluate single-step transformations: prompt with the chat set's single-answer prompt, score
     every answer with Diff / Build / Exec / Equal (paper Table 2), pass@k, and the strategies used
     (Fig. 5). Writes OUTDIR/results.jsonl, summary.json, report.md and plots.
@@ -57,6 +58,7 @@ def eval_(inputs: List[Path] = typer.Argument(..., help=".py model files, .leir 
     problem = device_problem(device)
     if problem:
         fail(problem)  # before anything is written
+    use_rule_dirs(rule_dirs)  # the engine baseline and the strategy recogniser
     chosen = [x for x in (endpoint, answers, policy) if x is not None]
     if len(chosen) != 1:
         fail("give exactly one of --endpoint URL --model NAME, --answers FILE.jsonl or --policy engine|identity")

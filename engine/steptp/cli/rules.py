@@ -8,32 +8,64 @@ from typing import List, Optional
 import typer
 
 from .app import rules_app
-from .common import fail, guard_rule
+from .common import fail, guard_rule, rules_option, use_rule_dirs
 
 
 @rules_app.command("list")
-def rules_list(directory: Optional[Path] = typer.Option(None, "--dir", help="Rule directory (default: shipped).")):
-    """List the rules: id, category, K, P, S, score (paper eq. 1) and level."""
+def rules_list(directory: Optional[Path] = typer.Option(None, "--dir", help="Rule directory (default: the shipped "
+                                                                           "rules and those of --rules)."),
+               rule_dirs: Optional[List[Path]] = rules_option()):
+    """List the rules: id, category, K, P, S, score (paper eq. 1) and level; a rule from a
+    user folder (--rules, $STP_RULES_PATH) also shows its file."""
     from ..rules import RuleError, load_rules
+    from ..rules.loader import default_rules_dir
     from ..rules.tools import rule_rows
 
+    use_rule_dirs(rule_dirs)
     try:
-        rows = rule_rows(load_rules(directory))
+        rules = load_rules(directory)
     except RuleError as e:
         fail(str(e))
+    rows = rule_rows(rules)
+    shipped = default_rules_dir().resolve()
     w = max([len("id")] + [len(r["id"]) for r in rows])
     typer.echo(f"{'id':{w}}  {'category':8}  {'K':>2} {'P':>2} {'S':>2}  {'score':>5}  level")
-    for r in rows:
+    for r, rule in zip(rows, rules):
+        user = directory is None and rule.path and Path(rule.path).resolve().parent != shipped
         typer.echo(f"{r['id']:{w}}  {r['category']:8}  {r['K']:2d} {r['P']:2d} {r['S']:2d}  {r['score']:5.1f}  "
-                   f"{r['level']}")
+                   f"{r['level']:9}{'  ' + str(rule.path) if user else ''}".rstrip())
     typer.echo(f"{len(rows)} rule(s)")
 
 
-def _rule_files(files) -> list:
-    from ..rules import RuleError, load_rule, load_rules
+def _rule_paths(files, rule_dirs, load: bool = True) -> list:
+    """The rule files that FILES names (files, directories of them, or rule ids looked up
+    among the shipped rules and the user folders), or every rule in effect without FILES;
+    ``--rules`` folders are added first (:func:`~steptp.cli.common.use_rule_dirs`)."""
+    from ..rules.loader import find_rule
+
+    in_effect = use_rule_dirs(rule_dirs, load=load)
+    if not files:
+        return in_effect
+    out = []
+    for f in files:
+        if Path(f).is_dir():
+            found = sorted(Path(f).glob("*.yaml"))
+            if not found:
+                fail(f"{f}: no rule files (*.yaml)")
+            out += found
+            continue
+        try:
+            out.append(find_rule(f))
+        except FileNotFoundError as e:
+            fail(str(e))
+    return out
+
+
+def _rule_files(files, rule_dirs=None) -> list:
+    from ..rules import RuleError, load_rule
 
     try:
-        return [load_rule(f) for f in files] if files else load_rules()
+        return [load_rule(f) for f in _rule_paths(files, rule_dirs)]
     except (RuleError, FileNotFoundError) as e:
         fail(str(e))
 
@@ -60,34 +92,50 @@ def _programs(inputs) -> list:
 
 
 @rules_app.command("lint")
-def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule files (default: all shipped)."),
+def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule files, directories of them or rule ids "
+                                                                       "(default: every rule in effect)."),
                program: Optional[List[Path]] = typer.Option(None, "--program",
                                                             help=".leir files/directories; the largest is the "
                                                                  "yardstick (default: examples/ if present)."),
                slow_ms: float = typer.Option(1000.0, "--slow-ms", help="Warn above this matching time on the "
                                                                        "scaled program."),
                nests: int = typer.Option(120, "--nests", help="Scale the yardstick program to this many nests."),
-               strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings.")):
+               strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings."),
+               rule_dirs: Optional[List[Path]] = rules_option()):
     """Validate rule files and warn about preconditions whose matching cost explodes.
 
-    Each rule is loaded (schema, patterns, relations, templates, tests' LEIR), applied to its own
-    tests (a CoT template that cannot render, or a where: clause that rejects every site of a
-    test expecting a rewrite, is an error naming the file and line: exit 1) and matched on the
-    largest bundled program and on a copy scaled to --nests nests."""
-    from ..rules.tools import largest_program, lint_rules
+    Each rule is loaded (schema; every name it uses: relations, filters, value functions,
+    primitives, template variables; patterns, tests' LEIR): a broken file is an error
+    ``FILE:LINE:COL: field: message`` naming the unknown name and the closest known ones, and
+    the other files are still checked. Each rule is then applied to its own tests: a CoT template
+    that cannot render, a where: clause that rejects every site of a test expecting a rewrite, or
+    a rewrite the symbolic check disproves (math and expr-scope rules) is an error naming the file
+    and line: exit 1. Last, the rules are matched on the largest bundled program and on a copy
+    scaled to --nests nests (warnings)."""
+    from ..rules import RuleError, load_rule
+    from ..rules.tools import largest_program, lint_rules, lint_tests
 
-    from ..rules.tools import lint_tests
-
-    rules = _rule_files(files)
-    typer.echo(f"{len(rules)} rule file(s) load and validate")
+    rules, broken = [], 0
+    for p in _rule_paths(files, rule_dirs, load=False):  # a broken file is reported below, the others linted
+        try:
+            rules.append(load_rule(p))
+        except RuleError as e:
+            broken += 1
+            typer.echo(f"error: {e}", err=True)
+        except OSError as e:
+            broken += 1
+            typer.echo(f"error: {p}: cannot read: {e.strerror or e}", err=True)
+    typer.echo(f"{len(rules)} rule file(s) load and validate" + (f"; {broken} do not" if broken else ""))
     errors = lint_tests(rules)
     for f in errors:
         typer.echo(str(f), err=True)
+    failed = bool(errors or broken)
     paths = program or ([Path("examples")] if Path("examples").is_dir() else [])
-    mod = largest_program(paths) if paths else None
+    mod = largest_program(paths) if paths and rules else None
     if mod is None:
-        typer.echo("no .leir program given (--program): matching cost not checked")
-        if errors:
+        typer.echo("no .leir program given (--program): matching cost not checked" if rules else
+                   "no rule loads: matching cost not checked")
+        if failed:
             raise typer.Exit(1)
         return
     findings, fig = lint_rules(rules, mod, slow_ms=slow_ms, scale_nests=nests)
@@ -99,7 +147,7 @@ def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
         typer.echo(str(f))
     if not findings:
         typer.echo("no warnings")
-    if errors:
+    if failed:
         raise typer.Exit(1)
     if findings and strict:
         raise typer.Exit(1)
@@ -107,16 +155,18 @@ def rules_lint(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
 
 @rules_app.command("coverage")
 def rules_coverage(inputs: List[Path] = typer.Argument(..., help=".leir files or directories."),
-                   rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s); default: shipped."),
+                   rules: Optional[List[Path]] = typer.Option(None, "--rule", help="Rule file(s) or id(s); default: "
+                                                                              "every rule in effect."),
                    per_program: int = typer.Option(3, "--per-program", min=1,
                                                    help="Candidates tried per rule and program."),
                    seed: int = typer.Option(0, "--seed"),
                    trials: int = typer.Option(3, "--trials", min=1),
-                   nvcc: bool = typer.Option(False, "--nvcc", help="Also run nvcc --ptx in the Build pass.")):
+                   nvcc: bool = typer.Option(False, "--nvcc", help="Also run nvcc --ptx in the Build pass."),
+                   rule_dirs: Optional[List[Path]] = rules_option()):
     """Apply every rule to every program it matches, verify, and tabulate per strategy."""
     from ..rules.tools import coverage, format_coverage
 
-    rs = _rule_files(rules)
+    rs = _rule_files(rules, rule_dirs)
     progs = _programs(inputs)
     if not progs:
         fail("no .leir programs found")
@@ -127,24 +177,25 @@ def rules_coverage(inputs: List[Path] = typer.Argument(..., help=".leir files or
 
 
 @rules_app.command("test")
-def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule files (default: all shipped)."),
+def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule files, directories of them or rule ids "
+                                                                       "(default: every rule in effect)."),
                no_verify: bool = typer.Option(False, "--no-verify", help="Skip numeric verification."),
                update: bool = typer.Option(False, "--update", help="Rewrite each test's after: text with what the "
                                            "engine now produces (after a deliberate printer change); every rewrite "
-                                           "is verified numerically, and no file is written if one fails.")):
+                                           "is verified numerically, and no file is written if one fails."),
+               rule_dirs: Optional[List[Path]] = rules_option()):
     """Run each rule's own before/after tests (exact LEIR) and verify them numerically;
     ``--update`` rewrites the after: texts in place (the rest of each file is kept byte for byte)."""
+    from ..rules import RuleError, load_rule
     from ..rules.selftest import run_selftests
 
     if update and no_verify:
         fail("--update verifies every rewrite numerically: drop --no-verify")
-    for f in files or []:
-        guard_rule(f, lambda f=f: __import__("steptp.rules", fromlist=["load_rule"]).load_rule(f))
-    from ..rules import RuleError
-
+    paths = _rule_paths(files, rule_dirs)
+    for f in paths:
+        guard_rule(f, lambda f=f: load_rule(f))
     try:
-        ok = run_selftests([str(f) for f in files] if files else None, verify=not no_verify, echo=typer.echo,
-                           update=update)
+        ok = run_selftests([str(f) for f in paths], verify=not no_verify, echo=typer.echo, update=update)
     except RuleError as e:
         fail(str(e))
     if not ok:
@@ -155,13 +206,19 @@ def rules_test(files: Optional[List[Path]] = typer.Argument(None, help="Rule fil
 def rules_docs(output: Optional[Path] = typer.Option(None, "-o", "--output",
                                                      help="Write the page here (default: print it)."),
                check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 when OUTPUT is not the "
-                                                                 "page the engine generates now (stale).")):
+                                                                 "page the engine generates now (stale)."),
+               rule_dirs: Optional[List[Path]] = typer.Option(None, "--rules", file_okay=False,
+                                                              help="A folder of your own rule files (repeatable): "
+                                                                   "their uses are shown as examples too.")):
     """The rule language reference (docs/rule-language.md), generated from the engine's registries:
     every rule-file field, where: relation, filter, parameter domain, value function and rewrite
     primitive, with its meaning and an example from the shipped rules."""
     from ..rules.docgen import rule_language_page, undocumented, write_rule_language
 
-    text = rule_language_page()
+    examples = None
+    if rule_dirs:  # only an explicit --rules: the committed page is the shipped rules' ($STP_RULES_PATH aside)
+        examples = [str(p) for p in use_rule_dirs(rule_dirs)]
+    text = rule_language_page(examples)
     missing = undocumented()
     if missing:
         typer.echo(f"warning: no documentation for {'; '.join(missing)} (add a docstring)", err=True)
@@ -178,7 +235,7 @@ def rules_docs(output: Optional[Path] = typer.Option(None, "-o", "--output",
         typer.echo(text, nl=False)
         return
     try:
-        changed = write_rule_language(output)
+        changed = write_rule_language(output, examples)
     except OSError as e:
         fail(f"{output}: {e.strerror or e}")
     typer.echo(f"{output}: {'written' if changed else 'unchanged'} ({len(text.splitlines())} lines)")
@@ -186,7 +243,8 @@ def rules_docs(output: Optional[Path] = typer.Option(None, "-o", "--output",
 
 @rules_app.command("tiling")
 def rules_tiling(inputs: List[Path] = typer.Argument(..., help=".leir files or directories."),
-                 as_json: bool = typer.Option(False, "--json", help="One JSON object per program.")):
+                 as_json: bool = typer.Option(False, "--json", help="One JSON object per program."),
+                 rule_dirs: Optional[List[Path]] = rules_option()):
     """The GPU tiling proposal of every GEMM-like and convolution nest (the multi-step
     proposal that the search's round 0 holds: loop partition, block/thread binding, register
     and shared-memory tiles), or the reason it has none: the form, the extents, or the step
@@ -196,6 +254,7 @@ def rules_tiling(inputs: List[Path] = typer.Argument(..., help=".leir files or d
     from ..engine.macros import tiling_report
     from ..rules import load_rules
 
+    use_rule_dirs(rule_dirs)
     by_id = {r.id: r for r in load_rules()}
     for mod in _programs(inputs):
         rep = tiling_report(by_id, mod)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .common import fail, internal_errors_exit
+from .common import fail, internal_errors_exit, rules_option, use_rule_dirs
 
 #: Exit code of a search that waits for a remote runner's measurements (--runner pack).
 EXIT_WAITING = 3
@@ -101,7 +101,8 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
                                             "rounds do not depend on it)."),
            no_sim: bool = typer.Option(False, "--no-sim",
                                        help="--runner pack: packs without the simulated device's CPU builds (a "
-                                            "real GPU node does not need them).")):
+                                            "real GPU node does not need them)."),
+           rule_dirs: Optional[List[Path]] = rules_option()):
     """Search for a faster equivalent program: every candidate is verified against the root
     (3 seeded random + 2 ordered trials) and only Equal ones are timed (samples).
 
@@ -119,6 +120,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     same command run again with the node's results replays the search from its caches and goes
     on; every flag keeps its meaning, and the summaries have the same keys (plus the node's
     PyTorch eager timing)."""
+    use_rule_dirs(rule_dirs)
     if runner not in ("local", "pack"):
         fail(f"--runner {runner}: expected local or pack")
     if lookahead > 1 and (policy != "engine" or rank != "cost" or algorithm == "evolutionary"):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from .app import app
-from .common import fail, guard_rule, load, param_text, print_verification, semantic
+from .common import fail, guard_rule, load, param_text, print_verification, rules_option, semantic, use_rule_dirs
 
 
 @app.command()
@@ -47,18 +47,29 @@ def verify(original: Path = typer.Argument(..., help="Original .leir file."),
 
 
 @app.command()
-def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/loop_split.yaml."),
+def apply(rule: Path = typer.Argument(..., help="A rule YAML file (e.g. rules/loop_split.yaml) or a rule id "
+                                                 "(e.g. loop_split: the shipped rules and those of --rules)."),
           program: Path = typer.Argument(..., help="A .leir file."),
           seed: int = typer.Option(0, "--seed", help="Seed for choosing the site and parameters."),
           site: Optional[int] = typer.Option(None, "--site", help="Apply at candidate K (see --all)."),
           all_: bool = typer.Option(False, "--all", help="List every candidate (site and parameters) and exit."),
           output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the transformed .leir here."),
-          do_verify: bool = typer.Option(False, "--verify", help="Also verify the step numerically.")):
-    """Apply one rule at one site: print the transformed LEIR and its chain of thought."""
+          do_verify: bool = typer.Option(False, "--verify", help="Also verify the step numerically."),
+          rule_dirs: Optional[List[Path]] = rules_option()):
+    """Apply one rule at one site: print the transformed LEIR and its chain of thought.
+
+    ``--all`` lists the candidates: index, site (path), parameters and the site's text (the
+    matched subexpression, equation, loop or nest)."""
     from ..engine import NoMatch, RewriteError, apply_rule, list_candidates
     from ..leir import format_program, save_leir
     from ..rules import load_rule
+    from ..rules.loader import find_rule
 
+    use_rule_dirs(rule_dirs)
+    try:
+        rule = find_rule(rule)
+    except FileNotFoundError as e:
+        fail(str(e))
     r = guard_rule(rule, lambda: load_rule(rule))
     m = load(program)
     semantic(program, m)
@@ -82,8 +93,10 @@ def apply(rule: Path = typer.Argument(..., help="A rule YAML file, e.g. rules/lo
         if not cands:
             fail(f"rule {r.id}: every candidate in {program} is rejected", 1)
     if all_:
+        from ..rules.tools import site_text
+
         for i, (s, params) in enumerate(cands):
-            typer.echo(f"[{i}] site={s} params={json.dumps(params, default=param_text)}")
+            typer.echo(f"[{i}] site={s} params={json.dumps(params, default=param_text)}  {site_text(m, s)}".rstrip())
         return
     chosen = None
     params = None
