@@ -751,7 +751,7 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
         for seq in seqs:
             try:
                 steps = apply_steps(by_id, module, seq)
-                out.append({"nest": k, "steps": steps + _tail_steps(by_id, module, k, steps)})
+                out.append({"nest": k, "steps": steps + _tail_steps(by_id, module, k, steps), "sequence": seq})
                 reason = None
                 break
             except Exception as e:  # noqa: BLE001 - these parameters do not apply here: the next
@@ -790,6 +790,8 @@ def _tail_steps(by_id: dict, module: LeirModule, k: int, steps: list[dict]) -> l
             try:
                 done = apply_steps(by_id, cur, seq)
             except Exception:  # noqa: BLE001 - this tail stays as it is
+                continue
+            if not done:
                 continue
             out += done
             cur = LeirModule(module.signature, parse_leir(done[-1]["leir"], "<tiled>").program)
@@ -862,9 +864,36 @@ def _is_reduction(nest) -> bool:
 
 def tiling_proposals(by_id: dict, module: LeirModule) -> list[list[dict]]:
     """The tiled form of every GEMM-like and convolution-like top-level nest as one multi-step
-    proposal each (:func:`tiling_report`: the nests it refuses are left out here). Its
+    proposal each (:func:`tiling_report`: the nests it refuses are left out here), and first,
+    where there are several, one that tiles them all (:func:`_every_nest_tiled`). Its
     records are the steps."""
-    return [r["steps"] for r in tiling_report(by_id, module) if "steps" in r]
+    tiled = [r for r in tiling_report(by_id, module) if "steps" in r]
+    out = [r["steps"] for r in tiled]
+    if len(tiled) > 1:
+        every = _every_nest_tiled(by_id, module, tiled)
+        if every:
+            out.insert(0, every)
+    return out
+
+
+def _every_nest_tiled(by_id: dict, module: LeirModule, tiled: list[dict]) -> list[dict] | None:
+    """One proposal that tiles every nest of ``tiled`` (:func:`tiling_report` entries), the
+    last nest first (a ``loop_partition`` adds nests only after the one it splits, so the
+    earlier nests keep their positions); None where a sequence does not apply after
+    another's. A program with several GEMMs (an attention's projections) is sped up by all
+    of them together, which one nest alone never shows the cost model."""
+    from ..leir import parse_leir  # noqa: PLC0415
+
+    cur, steps = module, []
+    for r in sorted(tiled, key=lambda r: -r["nest"]):
+        try:
+            done = apply_steps(by_id, cur, r["sequence"])
+            done += _tail_steps(by_id, cur, r["nest"], done)
+        except Exception:  # noqa: BLE001 - one proposal per nest still stands
+            return None
+        steps += done
+        cur = LeirModule(module.signature, parse_leir(done[-1]["leir"], "<tiled>").program)
+    return steps
 
 
 def macro_proposals(rules, module: LeirModule, seed: int, per_rule: int = 4, max_steps: int = 48) -> list[list[dict]]:

@@ -1,10 +1,11 @@
 """Rule-language value functions for GPU tiling (shared-memory tiles fetched cooperatively,
 register micro-tiles, vector-width copies): the loops around an equation, its thread loops,
-row-major flat indices of a loop list and their inverse, and the alignment of a contiguous
-run of elements. Generic like :mod:`steptp.engine.values` (no rule is named here); registered
+row-major flat indices of a loop list and their inverse, the alignment of a contiguous
+run of elements, and the window (bounding box) an affine subscript reads over a set of loops. Generic like :mod:`steptp.engine.values` (no rule is named here); registered
 in :data:`~steptp.engine.primitives.VALUE_FUNCTIONS` on import and documented in
-``rules/README.md`` ("Values", GPU tiling). Used by ``rules/shared_memory_tiling.yaml`` and
-``rules/register_tiling.yaml``; tested in ``tests/test_shared_memory_tiling.py``.
+``rules/README.md`` ("Values", GPU tiling). Used by ``rules/shared_memory_tiling.yaml``,
+``rules/shared_memory_window_tiling.yaml`` and ``rules/register_tiling.yaml``; tested in
+``tests/test_shared_memory_tiling.py`` and ``tests/test_tiling_reach.py``.
 
 Sources: TVM ``tvm.s_tir.Schedule.cache_read``/``cache_write``/``fuse``/``split``/``bind``
 (the cooperative fetch of a tile: the copy's loops fused, split by the block's thread count

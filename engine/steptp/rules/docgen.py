@@ -174,6 +174,7 @@ VALUE_FUNCTION_EXAMPLES: dict[str, tuple[str, str]] = {
     "replace_at": ("replace_at(loops_of(?N), 0, with_kind(loop(?N, 0), P))", "N's loops, the outermost parallel"),
     "subscripts_of": ("subscripts_of(?site)", "the subscript list of the matched tensor access"),
     "tensor_name": ("tensor_name(?site)", "the name of the matched tensor access"),
+    "window_spans": ("window_spans(?l, loops_of(?N))", "per entry of subscript ?l, the extent of the box it reads over N's loops"),
     "with_extent": ("with_extent(loop(?N, 0), 4)", "N's outermost loop with extent 4"),
     "with_index": ("with_index(loop(?N, 0), ?io)", "N's outermost loop renamed to a fresh index ?io"),
     "with_kind": ("with_kind(loop(?N, 0), U)", "N's outermost loop, unrolled"),
