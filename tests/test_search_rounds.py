@@ -294,7 +294,7 @@ def test_a_program_that_fails_the_check_is_neither_proposed_nor_a_prefix_of_the_
         return pol.propose(mod, [], n)
 
     plain = props(EnginePolicy(**opts))
-    first = [p.info["steps"][0]["leir"] for p in plain if len(p.info.get("steps") or []) > 1]
+    first = [p.steps[0].leir for p in plain if len(p.steps) > 1]  # typed steps (issue 53)
     assert first  # the lookahead reached a second step
     refused = {program_key(LeirModule(mod.signature, parse_program(first[0])))}
     seen: list[str] = []
@@ -307,10 +307,10 @@ def test_a_program_that_fails_the_check_is_neither_proposed_nor_a_prefix_of_the_
     assert got and refused & set(seen)
     for p in got:
         assert program_key(p.module) not in refused
-        for st in p.info.get("steps") or []:  # no proposal goes through the refused program
-            assert program_key(LeirModule(mod.signature, parse_program(st["leir"]))) not in refused
-    assert any(program_key(LeirModule(mod.signature, parse_program(st["leir"]))) in refused
-               for p in plain for st in (p.info.get("steps") or [])[:1])  # without the check, some did
+        for st in p.steps:  # no proposal goes through the refused program
+            assert program_key(st.program) not in refused
+    assert any(program_key(st.program) in refused
+               for p in plain for st in p.steps[:1])  # without the check, some did
     straight = EnginePolicy(**opts, check=check)
     want = [[p.module.text() for p in straight.propose(mod, [], 2)] for _ in range(3)]
     calls: list = []

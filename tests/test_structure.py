@@ -167,7 +167,7 @@ def test_one_search_node_and_one_proposer():
     found = definitions({"Node", "Search", "EnginePolicy"})
     # (leir.ast.Node is the IR's node type union, not a search node)
     assert [m for m in found["Node"] if m != "steptp.leir.ast"] == ["steptp.search.core"], found
-    assert found["Search"] == ["steptp.search.core"] and found["EnginePolicy"] == ["steptp.policy"], found
+    assert found["Search"] == ["steptp.search.core"] and found["EnginePolicy"] == ["steptp.policy.engine"], found
 
 
 def test_layer_checks_see_a_bad_import():
@@ -197,11 +197,12 @@ def definitions(names: set[str]) -> dict[str, list[str]]:
 
 
 def test_spine_names_are_defined_once():
-    """``DEVICES`` in runner/device.py; ``Proposal``, ``Policy``, ``EnginePolicy`` in
-    policy.py; no copies and no aliases (``Policy = ...``) anywhere else."""
+    """``DEVICES`` in runner/device.py; ``Proposal``, ``Policy`` in policy/base.py,
+    ``EnginePolicy`` in policy/engine.py; no copies and no aliases
+    (``Policy = ...``) anywhere else."""
     found = definitions({"DEVICES", "Proposal", "Policy", "EnginePolicy", "seeded_rng"})
-    assert found == {"DEVICES": ["steptp.runner.device"], "Proposal": ["steptp.policy"],
-                     "Policy": ["steptp.policy"], "EnginePolicy": ["steptp.policy"],
+    assert found == {"DEVICES": ["steptp.runner.device"], "Proposal": ["steptp.policy.base"],
+                     "Policy": ["steptp.policy.base"], "EnginePolicy": ["steptp.policy.engine"],
                      "seeded_rng": ["steptp.seeds"]}, found
 
 
@@ -247,6 +248,25 @@ def test_no_module_over_1000_lines():
     big = {str(p.relative_to(PKG_ROOT.parent)): n for p in PKG_ROOT.rglob("*.py")
            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert big == {}, f"modules over {MAX_LINES} lines: {big}"
+
+
+#: Issue 53: the search's and the policies' modules stay small, one job each.
+MAX_SEARCH_LINES = 500
+
+
+def test_search_and_policy_modules_stay_under_500_lines():
+    big = {str(p.relative_to(PKG_ROOT.parent)): n for sub in ("search", "policy")
+           for p in (PKG_ROOT / sub).glob("*.py")
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_SEARCH_LINES}
+    assert big == {}, f"search/policy modules over {MAX_SEARCH_LINES} lines: {big}"
+
+
+def test_the_gpu_front_end_needs_nothing_from_the_dataset():
+    """A pack's signature helpers come from ``leir/`` (issue 53), not from ``dataset/``."""
+    g = import_graph(with_packages=True)
+    bad = {m: sorted(d for d in deps if _below(d, ("steptp.dataset",))) for m, deps in g.items()
+           if _below(m, ("steptp.gpu",))}
+    assert {m: d for m, d in bad.items() if d} == {}
 
 
 def test_every_subpackage_is_listed_in_pyproject():

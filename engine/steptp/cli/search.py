@@ -121,8 +121,10 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     on; every flag keeps its meaning, and the summaries have the same keys (plus the node's
     PyTorch eager timing)."""
     use_rule_dirs(rule_dirs)
-    if runner not in ("local", "pack"):
-        fail(f"--runner {runner}: expected local or pack")
+    from ..runner import kinds
+
+    if runner not in kinds.names():
+        fail(f"--runner {runner}: expected {' or '.join(kinds.names())}")
     if lookahead > 1 and (policy != "engine" or rank != "cost" or algorithm == "evolutionary"):
         fail("--lookahead: only with --policy engine and --rank cost (the static model ranks the levels; "
              "evolutionary screens by itself)")
@@ -199,7 +201,7 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
     try:
         sms = search_many([str(p) for p in programs], out, cfg, client=client,
                           on_error=lambda p, m: errors.append(m), run_info=info, workers=workers,
-                          write_pack=_pack_writer(arch, not no_sim) if runner == "pack" else None)
+                          builder=_pack_builder(arch, not no_sim) if runner == "pack" else None)
     except SearchInputError as e:
         fail(str(e))
     except TargetUnavailable as e:
@@ -245,14 +247,9 @@ def search(programs: List[Path] = typer.Argument(..., help=".leir files, PyTorch
         raise typer.Exit(1)
 
 
-def _pack_writer(arch: str, sim: bool):
-    """``fn(round_dir, pack_dir)``: the GPU front end's pack builder
-    (:func:`steptp.gpu.pack.build_pack`) for ``arch``, composed here so that neither the runner
-    nor the search imports the GPU front end."""
+def _pack_builder(arch: str, sim: bool):
+    """The ``pack`` runner's Builder (:class:`steptp.gpu.pack.PackBuilder`) for ``arch``,
+    composed here so that neither the runner nor the search imports the GPU front end."""
+    from ..gpu.pack import PackBuilder
 
-    def write(round_dir: Path, pack_dir: Path) -> dict:
-        from ..gpu.pack import build_pack
-
-        return build_pack([str(round_dir)], pack_dir, arch=arch, sim=sim)
-
-    return write
+    return PackBuilder(arch, sim)

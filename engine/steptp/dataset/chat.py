@@ -18,6 +18,7 @@ import re
 from typing import Callable, Sequence
 
 from ..leir.ast import DTYPES
+from ..leir.signatures import signature_of
 from ..resources import render
 
 
@@ -193,17 +194,6 @@ def _strip_fence(body: str) -> str:
     if body.endswith("```"):
         body = body[:-3].rstrip()
     return body
-
-
-def signature_of(sig):
-    """A :class:`~steptp.leir.fileformat.Signature` from a record's ``signature`` dict
-    (``{name, tensors: [{name, role, dtype, shape}]}``); ``None`` and a Signature pass through."""
-    from ..leir.fileformat import Signature, TensorDecl
-
-    if sig is None or isinstance(sig, Signature):
-        return sig
-    return Signature(sig["name"], tuple(TensorDecl(t["name"], t["role"], t["dtype"], tuple(t["shape"]))
-                                        for t in sig["tensors"]))
 
 
 def _check_ir(i: int, text: str, signature) -> None:

@@ -63,7 +63,7 @@ class PackError(ValueError):
 
 def _module_text(signature: dict, program: str) -> str:
     """The ``.leir`` text of a dataset entry's program: its signature dict as the header."""
-    from ..dataset.chat import signature_of  # noqa: PLC0415
+    from ..leir.signatures import signature_of  # noqa: PLC0415
 
     return signature_of(signature).header() + "\n" + program.strip() + "\n"
 
@@ -381,4 +381,20 @@ def build_pack(inputs: Sequence[str | os.PathLike], outdir: str | os.PathLike, *
                                      "torch_programs")} | {"entries": len(rows), "skipped": len(skipped)}
 
 
-__all__ = ["FORMAT", "RUNTIME_FILES", "PackError", "collect", "build_pack", "build_reference_library", "torch_param_map"]
+class PackBuilder:
+    """The Builder role of the ``pack`` runner (:class:`steptp.runner.base.Builder`): a search
+    round's entries (``round_dir/dictionary.jsonl``) -> a pack in ``pack_dir``
+    (:func:`build_pack` for ``arch``; ``sim``: with the simulated device's CPU builds)."""
+
+    def __init__(self, arch: str = "sm_90", sim: bool = True):
+        self.arch, self.sim = arch, sim
+
+    def build(self, round_dir: Path, pack_dir: Path) -> dict:
+        """Build the pack of one round; returns its manifest summary (:func:`build_pack`)."""
+        return build_pack([str(round_dir)], pack_dir, arch=self.arch, sim=self.sim)
+
+    def __call__(self, round_dir: Path, pack_dir: Path) -> dict:
+        return self.build(round_dir, pack_dir)
+
+
+__all__ = ["FORMAT", "RUNTIME_FILES", "PackError", "PackBuilder", "collect", "build_pack", "build_reference_library", "torch_param_map"]

@@ -37,7 +37,7 @@ class Candidate:
 
 
 def _signature(signature) -> Signature:
-    from ..dataset.chat import signature_of
+    from ..leir.signatures import signature_of
 
     return signature_of(signature)
 

@@ -10,14 +10,7 @@ from __future__ import annotations
 
 from ..leir.fileformat import LeirModule
 from ..leir.printer import format_program
-
-
-def signature_dict(module: LeirModule) -> dict:
-    """The signature as stored in dictionary entries: ``{"name", "tensors": [{"name", "role",
-    "dtype", "shape"}]}``."""
-    return {"name": module.signature.name,
-            "tensors": [{"name": t.name, "role": t.role, "dtype": t.dtype, "shape": list(t.shape)}
-                        for t in module.signature.tensors]}
+from ..leir.signatures import signature_dict
 
 
 def single_prompt(module: LeirModule) -> str:

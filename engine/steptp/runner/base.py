@@ -14,8 +14,15 @@ pack     a GPU node reached through files (:mod:`steptp.runner.pack`): the batch
 =======  =====================================================================================
 
 A third kind (e.g. TVM RPC to a GPU machine that is online) is a new module implementing
-:class:`Runner` and one more line in :func:`steptp.runner.kinds.create`; the search does not
-change.
+:class:`Runner` and one registration, ``steptp.runner.kinds.register(name, factory)``; the
+search does not change: every decision that depends on the kind is an attribute or a method of
+:class:`Runner` (where candidates are verified, how an entry is built, which summary fields and
+run files the kind adds, what a round does, whether programs may be searched in parallel).
+
+The **Builder** role (what becomes a pack) is :class:`Builder`: a remote runner ships the
+:meth:`Runner.entry` payloads of a round and a builder turns them into what its node loads
+(:class:`steptp.gpu.pack.PackBuilder` for the ``pack`` kind, handed in from above: this layer
+does not import the GPU front end).
 
 A :class:`MeasureInput` is one candidate of one program, measured against that program's root
 (the speedup is the root's time over the candidate's, timed interleaved where the runner can);
@@ -27,11 +34,13 @@ knows no dataset format). Units: microseconds. Nothing here imports anything abo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 from ..leir.fileformat import LeirModule
 
-#: The runner kinds :func:`create` knows (``stp search --runner``).
+#: The runner kinds shipped with the package (``stp search --runner``); the registry
+#: (:func:`steptp.runner.kinds.names`) also holds the kinds registered later.
 KINDS = ("local", "pack")
 
 
@@ -95,10 +104,52 @@ class RunnerFuture:
         return self._result
 
 
+@dataclass
+class SearchOutcome:
+    """What a finished search hands to :meth:`Runner.summary_fields`: ``program`` (its name),
+    ``root``, ``best`` and ``nodes`` (search nodes: ``id``, ``text``, ``status``, ``module``,
+    ``time_us``, ``speedup``), ``retime`` (the runner's re-time of the best, a
+    :class:`MeasureResult`, or None), ``summary`` (the summary so far), ``translation`` (the
+    PyTorch translation of a ``.py`` program, else None) and ``device`` (``cpu``/``cuda``)."""
+
+    program: str
+    root: Any
+    best: Any
+    nodes: list
+    retime: MeasureResult | None
+    summary: dict
+    translation: Any = None
+    device: str = "cpu"
+
+
+class Builder(Protocol):
+    """The Builder role of a remote runner: turn a round's entries
+    (``round_dir/dictionary.jsonl``, :meth:`Runner.entry` payloads) into what its node loads
+    (``pack_dir``); returns a JSON-ready description (the pack's manifest summary)."""
+
+    def build(self, round_dir: Path, pack_dir: Path) -> dict: ...
+
+
 class Runner(Protocol):
-    """Measure batches of candidates (the module docstring)."""
+    """Measure batches of candidates (the module docstring). Besides :meth:`run`, a kind
+    declares what the search must do differently for it, so that the search never asks which
+    kind it has."""
 
     kind: str
+    #: True: candidates are verified and measured on this machine's device (``local``); False:
+    #: measured elsewhere, so the search verifies them here on the CPU with the GPU's static
+    #: checks (only those for a program too large to run here) and the node again, and a PyTorch
+    #: program's translation needs its shapes only.
+    measures_here: bool
+    #: True: the runner re-times a search's best against its root (:meth:`run` with
+    #: ``purpose="retime"``), the reported speedup.
+    retimes: bool
+    #: True: every program's search writes into ``OUT/<program>/`` even for one program (the
+    #: runner keeps its own files in ``OUT``).
+    per_program_dirs: bool
+    #: True: programs may be searched in parallel worker processes (the measurements are not
+    #: taken on this machine, so parallel searches do not disturb them).
+    parallel_programs: bool
 
     def root_time_us(self, program: str, root: LeirModule) -> float | None:
         """The root's run time (µs) when known (``local``: timed now; ``pack``: from the node's
@@ -109,10 +160,56 @@ class Runner(Protocol):
         """One future per input, in order."""
         ...
 
+    def entry(self, name: str, root: LeirModule, source: str | None, seed: int) -> Callable | None:
+        """``fn(module, steps) -> dict``: the payload :class:`MeasureInput.entry` ships for a
+        candidate of program ``name`` (``source``: the ``.py`` file it was translated from, or
+        None), or None when the runner ships nothing."""
+        ...
+
+    def identity(self) -> dict:
+        """How search caches and summaries record this runner: ``{"runner": kind}`` (a cache
+        written with another runner is not replayed)."""
+        ...
+
+    def summary_fields(self, outcome: SearchOutcome) -> dict:
+        """The fields this kind adds to a program's ``summary.json`` (e.g. PyTorch eager beside
+        the local best; the node's device, baselines and speed of light)."""
+        ...
+
+    def run_files(self, summaries: list[dict], out: Path) -> dict[str, dict]:
+        """Files this kind adds to a finished run's directory ``out``: ``{file name: JSON}``."""
+        ...
+
+    def pending(self) -> dict[str, dict]:
+        """The payloads waiting for the next round, by entry id (empty when nothing waits)."""
+        ...
+
+    def add_pending(self, entries: dict[str, dict]) -> None:
+        """Payloads that another process's runner (a search worker's) found pending."""
+        ...
+
     def submit(self) -> dict | None:
         """Send what is pending (``pack``: write the round and its pack); returns ``{"round",
         "pack", "results", "entries"}`` when the search must wait, else None."""
         ...
+
+    def worker_spec(self) -> tuple[str, dict]:
+        """``(kind, options)`` of a runner of the same kind over the same files for a search
+        worker process, rebuilt there by :func:`steptp.runner.kinds.create` (picklable
+        options; it builds nothing: its :meth:`pending` comes back to this one)."""
+        ...
+
+    def reopen(self) -> "Runner":
+        """A fresh runner of the same kind and options (reads what has arrived since)."""
+        ...
+
+
+def text_key(text: str) -> str:
+    """The 12-hex-digit key of a program text in measurement keys and entry ids
+    (``<program>:<key>``)."""
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 class Pending(Exception):
@@ -120,4 +217,5 @@ class Pending(Exception):
     replayed from its caches, once the runner has the results."""
 
 
-__all__ = ["KINDS", "MeasureInput", "MeasureResult", "RunnerFuture", "Runner", "Pending"]
+__all__ = ["KINDS", "MeasureInput", "MeasureResult", "RunnerFuture", "SearchOutcome", "Builder", "Runner", "Pending",
+           "text_key"]

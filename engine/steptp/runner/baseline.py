@@ -45,4 +45,39 @@ def torch_timer(fn: Callable, args: Sequence, device: str, flush_bytes: int = 0)
     return measure
 
 
-__all__ = ["torch_timer"]
+def eager_time_us(tr, repeat: int = 3, warmup: int = 3, min_repeat_s: float = 0.02) -> float:
+    """PyTorch eager run time (µs, median of ``repeat`` measurements of at least
+    ``min_repeat_s`` each, after ``warmup`` calls; the one timing loop) of a translation's model
+    (``tr.model`` on ``tr.example_inputs``) on the CPU with ONE intra-op thread (as the LEIR
+    timings: TVM's pool runs one thread unless ``TVM_NUM_THREADS`` is set; several torch threads
+    on a shared machine also spin against other processes and inflate small kernels' times by
+    1000x)."""
+    import os  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    args = tr.example_inputs
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(1, int(os.environ.get("TVM_NUM_THREADS") or 1)))
+    except ValueError:
+        torch.set_num_threads(1)
+    try:
+        return _eager(tr.model, args, repeat, warmup, min_repeat_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _eager(model, args, repeat: int, warmup: int, min_repeat_s: float) -> float:
+    """Median microseconds per call of ``model(*args)`` on the CPU by the one timing loop
+    (:func:`steptp.runner.cuda_timing.time_rounds` over :func:`torch_timer`)."""
+    import statistics  # noqa: PLC0415
+
+    from .cuda_timing import time_rounds  # noqa: PLC0415
+
+    secs, _ = time_rounds([torch_timer(model, args, "cpu")], "cpu", rounds=repeat, warmup=warmup,
+                          min_repeat_ms=min_repeat_s * 1e3, max_number=1 << 20)
+    return statistics.median(secs[0]) * 1e6
+
+
+__all__ = ["torch_timer", "eager_time_us"]

@@ -11,8 +11,10 @@ interval; the search reports it only when the interval lies above 1.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..leir.fileformat import LeirModule
-from .base import MeasureInput, MeasureResult, RunnerFuture
+from .base import MeasureInput, MeasureResult, RunnerFuture, SearchOutcome
 from .device import DEVICES
 
 
@@ -24,12 +26,18 @@ class LocalRunner:
     unknown device."""
 
     kind = "local"
+    measures_here = True
+    per_program_dirs = False
+    parallel_programs = False  # timing here in parallel would measure the contention
 
     def __init__(self, device: str = "cpu", repeat: int = 3, warmup: int = 3, retime_rounds: int = 10, timer=None):
         if device not in DEVICES:
             raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
         self.device, self.repeat, self.warmup = device, repeat, warmup
         self.retime_rounds, self.timer = retime_rounds, timer
+        self.retimes = timer is None  # no re-time with a custom timer (a fixed protocol in tests)
+        self._options = {"device": device, "repeat": repeat, "warmup": warmup, "retime_rounds": retime_rounds,
+                         "timer": timer}
         self._roots: dict[str, float] = {}
 
     def _time(self, module: LeirModule) -> float:
@@ -67,9 +75,57 @@ class LocalRunner:
             return MeasureResult("timing_failed", reason=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
         return MeasureResult("equal", t, root_us, root_us / t if t > 0 else None)
 
+    def entry(self, name: str, root: LeirModule, source: str | None, seed: int) -> None:
+        """Nothing is shipped: the candidates are here."""
+        return None
+
+    def identity(self) -> dict:
+        """``{"runner": kind}``: how caches and summaries record this runner."""
+        return {"runner": self.kind}
+
+    def summary_fields(self, outcome: SearchOutcome) -> dict:
+        """For a PyTorch program on the CPU: ``eager_time_us`` (PyTorch eager,
+        :func:`steptp.runner.baseline.eager_time_us`), ``speedup_vs_eager`` (over the re-timed
+        best, else the best sample) and ``root_speedup_vs_eager``; ``eager_error`` when eager
+        cannot be timed. Nothing else."""
+        tr = outcome.translation
+        if tr is None or outcome.device != "cpu":
+            return {}
+        from .baseline import eager_time_us  # noqa: PLC0415
+
+        out: dict = {}
+        try:
+            eager = eager_time_us(tr)
+            out["eager_time_us"] = eager
+            best_us = (outcome.summary.get("confirmed") or {}).get("best_time_us") or outcome.best.time_us
+            out["speedup_vs_eager"] = eager / best_us if best_us else None
+            out["root_speedup_vs_eager"] = eager / outcome.root.time_us if outcome.root.time_us else None
+        except Exception as e:  # noqa: BLE001 - the comparison is informative only
+            out["eager_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        return out
+
+    def run_files(self, summaries: list[dict], out: Path) -> dict[str, dict]:
+        """No files of its own."""
+        return {}
+
+    def pending(self) -> dict[str, dict]:
+        """Nothing is ever pending here."""
+        return {}
+
+    def add_pending(self, entries: dict[str, dict]) -> None:
+        """Nothing is ever pending here (``entries`` is empty)."""
+
     def submit(self) -> None:
         """Nothing is ever pending here."""
         return None
+
+    def worker_spec(self) -> tuple[str, dict]:
+        """``("local", options)`` (the local runner is not used in worker processes)."""
+        return self.kind, dict(self._options)
+
+    def reopen(self) -> "LocalRunner":
+        """A fresh local runner with the same options."""
+        return LocalRunner(**self._options)
 
 
 __all__ = ["LocalRunner"]

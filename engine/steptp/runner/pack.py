@@ -4,8 +4,9 @@ files, in rounds (TVM MetaSchedule's builder/runner split; issue 37's GPU packs)
 Layout under the search directory ``out``::
 
     rounds/<k>/dictionary.jsonl   the round's entries (one per candidate, dataset format)
-    rounds/<k>/pack/              the pack built from them (``write_pack``, passed in from the
-                                  GPU front end: this layer does not import it)
+    rounds/<k>/pack/              the pack built from them (the ``builder``, a
+                                  :class:`steptp.runner.base.Builder` passed in from the GPU
+                                  front end: this layer does not import it)
     rounds/<k>/results/           what ``python -m steptp.gpu.run PACK -o RESULTS --time
                                   --retime-best 1`` writes on the node: ``results.jsonl`` (one
                                   record per entry), ``retime.jsonl`` (each program's fastest
@@ -18,7 +19,9 @@ same entries, by an earlier run that is still waiting) and says where the node m
 results. A re-time (``purpose="retime"``) is answered by the node's own second measurement of
 that entry when there is one, else by an entry ``<key>:retime`` of a later round.
 
-The node's records are read by :func:`_read_results`.
+The node's records are read by :func:`_read_results`. The summary fields this kind adds (the
+node's device, baselines, speed of light) and the run's ``gpu_summary.json`` are
+:mod:`steptp.runner.pack_summary`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..leir.fileformat import LeirModule
-from .base import MeasureInput, MeasureResult, RunnerFuture
+from .base import MeasureInput, MeasureResult, RunnerFuture, SearchOutcome, text_key
 
 
 class PackError(ValueError):
@@ -37,14 +40,20 @@ class PackError(ValueError):
 
 
 class PackRunner:
-    """Measure through packs (module docstring). ``out``: the search directory; ``write_pack``:
-    ``fn(round_dir, pack_dir) -> dict`` building ``pack_dir`` from ``round_dir/dictionary.jsonl``."""
+    """Measure through packs (module docstring). ``out``: the search directory; ``builder``:
+    the :class:`steptp.runner.base.Builder` (or a function ``fn(round_dir, pack_dir) -> dict``)
+    building ``pack_dir`` from ``round_dir/dictionary.jsonl``; None in a search worker, which
+    builds nothing."""
 
     kind = "pack"
+    measures_here = False
+    retimes = True
+    per_program_dirs = True  # OUT holds the rounds
+    parallel_programs = True  # nothing is timed here
 
-    def __init__(self, out: str | Path, write_pack: Callable[[Path, Path], dict]):
+    def __init__(self, out: str | Path, builder=None):
         self.out = Path(out)
-        self.write_pack = write_pack
+        self.builder = builder
         self._results: dict = {}    # entry id -> EntryRecord, every complete round
         self._retimes: dict = {}    # entry id -> the node's second measurement (EntryRecord)
         self._baselines: dict = {}  # the pack's program key -> ProgramBaselines (the latest round's)
@@ -113,9 +122,44 @@ class PackRunner:
             out.append(RunnerFuture(res))
         return out
 
-    def pending_entries(self) -> dict[str, dict]:
+    def pending(self) -> dict[str, dict]:
         """The entries waiting for the next round (by entry id)."""
         return dict(self._pending)
+
+    pending_entries = pending  # the former name
+
+    def entry(self, name: str, root: LeirModule, source: str | None, seed: int):
+        """``fn(module, steps) -> entry``: the dataset-format entry a pack is built from
+        (:func:`steptp.gpu.pack.collect` reads it): the root as the original, so every timing on
+        the node is a speedup over the root; the ``.py`` source when the program came from one,
+        so the node times PyTorch eager beside it."""
+        return entry_fn(name, root, source, seed)
+
+    def identity(self) -> dict:
+        """``{"runner": kind}``: how caches and summaries record this runner."""
+        return {"runner": self.kind}
+
+    def summary_fields(self, outcome: SearchOutcome) -> dict:
+        """``rounds``, the node's device, its baselines and the speed of light
+        (:func:`steptp.runner.pack_summary.remote_fields`)."""
+        from .pack_summary import remote_fields  # noqa: PLC0415
+
+        return remote_fields(self, outcome)
+
+    def run_files(self, summaries: list[dict], out: Path) -> dict[str, dict]:
+        """``gpu_summary.json`` (:func:`steptp.runner.pack_summary.gpu_aggregate`) once every
+        program has its summary."""
+        from .pack_summary import gpu_aggregate  # noqa: PLC0415
+
+        return {"gpu_summary.json": gpu_aggregate(summaries, Path(out))} if summaries else {}
+
+    def worker_spec(self) -> tuple[str, dict]:
+        """``("pack", {"out"})``: a worker's runner over the same rounds, building nothing."""
+        return self.kind, {"out": str(self.out)}
+
+    def reopen(self) -> "PackRunner":
+        """A fresh runner over the same rounds and builder (reads the rounds again)."""
+        return PackRunner(self.out, self.builder)
 
     def add_pending(self, entries: dict[str, dict]) -> None:
         """Entries another process's runner found pending (a search worker's)."""
@@ -135,12 +179,41 @@ class PackRunner:
             d = last  # a round still waiting for the node: the same place
         else:
             d = self.rounds_dir / str(int(last.name) + 1 if last is not None else 0)
-        _write_round(d, entries, self.write_pack)
+        _write_round(d, entries, self._build)
         skipped = _skipped(d)
         self._skipped.update(skipped)
         self._pending.clear()
         return {"round": int(d.name), "pack": str(d / "pack"), "results": str(d / "results"),
                 "entries": len(entries) - len(skipped), "skipped": len(skipped)}
+
+
+    def _build(self, round_dir: Path, pack_dir: Path) -> dict:
+        if self.builder is None:
+            raise PackError(f"{round_dir}: no pack builder (a search worker's runner submits nothing)")
+        build = getattr(self.builder, "build", None)
+        return build(round_dir, pack_dir) if build is not None else self.builder(round_dir, pack_dir)
+
+
+def entry_fn(name: str, root: LeirModule, source: str | None, seed: int):
+    """``fn(module, steps) -> entry`` of :meth:`PackRunner.entry`. ``steps``: the candidate's
+    steps (typed :class:`steptp.policy.steps.Step` objects or ``{"rule", ...}`` dicts); the
+    entry's strategy is the last step's rule."""
+    from ..leir.printer import format_program  # noqa: PLC0415
+    from ..leir.signatures import signature_dict  # noqa: PLC0415
+
+    sig = signature_dict(root)
+    orig = format_program(root.program)
+    src = str(Path(source).resolve()) if source else None
+
+    def entry(module: LeirModule, steps: list) -> dict:
+        text = format_program(module.program)
+        last = steps[-1] if steps else None
+        rule = "" if last is None else (last["rule"] if isinstance(last, dict) else last.rule)
+        return {"id": f"{name}:{text_key(text)}", "program": name, "signature": sig,
+                "strategy": {"id": rule}, "original": {"leir": orig},
+                "transformed": {"leir": text}, "seed": seed, "source": src, "verification": {"equal": True}}
+
+    return entry
 
 
 def _read_results(d: Path):
@@ -226,4 +299,4 @@ def _write_round(d: Path, entries: list[dict], write_pack: Callable[[Path, Path]
     write_pack(d, d / "pack")
 
 
-__all__ = ["PackRunner", "PackError"]
+__all__ = ["PackRunner", "PackError", "entry_fn"]

@@ -8,8 +8,9 @@ Layers (algorithms never know about HTTP, TVM or rules)::
                    static-cost ranking), ReplayPolicy (JSONL), LLMPolicy (chat endpoint,
                    templates/search_prompt.j2), ScreeningPolicy (a cost model screens)
     (cost models)  steptp.cost_model: create(kind) -> random / static (CPU, GPU) / learned
-    (runners)      steptp.runner.base: create("local" | "pack") -> Runner.run(batch) ->
-                   [RunnerFuture] (pending until a GPU node has measured a pack)
+    (runners)      steptp.runner.base: kinds.create(KIND) (local, pack or a registered one) ->
+                   Runner.run(batch) -> [RunnerFuture] (pending until a GPU node has measured
+                   a pack); every kind-specific decision is the runner's
     algorithms.py  greedy, beam, bfs, dfs, mcts (UCT), chain, chain-no-parent (the paper's seven)
                    and evolutionary (MetaSchedule-style, model-screened) over a core.Search
     evaluate.py    Measure: verify_pair against the root (3 random + 2 ordered trials; every

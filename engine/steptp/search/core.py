@@ -23,6 +23,7 @@ from typing import Protocol
 
 from ..leir import LeirModule, format_program
 from ..policy import Policy, Proposal
+from ..policy.steps import Step
 
 
 def canonical(module: LeirModule) -> str:
@@ -80,7 +81,7 @@ class Node:
     speedup: float | None = None
     sample: int | None = None  # 1-based sample index (equal nodes only)
     iteration: int = 0
-    steps: list = field(default_factory=list)  # a multi-step proposal's steps ({rule, site, params, leir})
+    steps: list = field(default_factory=list)  # a multi-step proposal's steps (steptp.policy.steps.Step)
 
     @property
     def ok(self) -> bool:
@@ -89,12 +90,13 @@ class Node:
     def record(self) -> dict:
         """One ``tree.jsonl`` line."""
         from ..engine.service import plain  # the engine package loads egglog: only when recording
+        from ..policy.steps import steps_to_records
 
         return {"id": self.id, "parent": self.parent, "depth": self.depth, "status": self.status,
                 "reason": self.reason, "strategy": self.strategy, "site": self.site,
                 "params": plain(self.params), "time_us": self.time_us, "speedup": self.speedup,
                 "sample": self.sample, "iteration": self.iteration, "leir": self.text,
-                **({"steps": self.steps} if self.steps else {})}
+                **({"steps": steps_to_records(self.steps)} if self.steps else {})}
 
 
 @dataclass
@@ -236,7 +238,8 @@ class Search:
                     break
                 batch.append((node, child))
             kids.append((node, child))
-        evs = self._evaluate([(c.module, c.steps or ([{"rule": c.strategy, "leir": c.text}] if c.strategy else []))
+        evs = self._evaluate([(c.module, c.steps or ([Step(c.strategy, leir=c.text, signature=c.module.signature,
+                                                            _program=c.module)] if c.strategy else []))
                               for _, c in batch]) if batch else []
         for (node, child), ev in zip(batch, evs):
             for stage, s in (getattr(ev, "seconds", None) or {}).items():
@@ -279,7 +282,7 @@ class Search:
             text, status, reason = "", "invalid", f"cannot print the program: {e}"
         else:
             status, reason = "", ""
-        steps = list((p.info or {}).get("steps") or [])
+        steps = list(p.steps or ())
         child = Node(-1, node.id, node.depth + 1, p.module, text, p.strategy, p.site, dict(p.params),
                      p.cot, status="", iteration=self.iteration, steps=steps)
         if status:
@@ -299,12 +302,10 @@ class Search:
         that did not verify becomes its verified prefix)."""
         child.status, child.reason = ev.status, ev.reason
         if child.steps and 0 < ev.steps < len(child.steps):
-            from ..leir import parse_program  # noqa: PLC0415
-
             child.steps = child.steps[:ev.steps]
-            child.module = LeirModule(child.module.signature, parse_program(child.steps[-1]["leir"]))
+            child.module = child.steps[-1].program
             child.text = canonical(child.module)
-            child.strategy = "+".join(dict.fromkeys(st["rule"] for st in child.steps))
+            child.strategy = "+".join(dict.fromkeys(st.rule for st in child.steps))
         if ev.status == "equal":
             child.time_us = ev.time_us
             root_us = self.root.time_us

@@ -10,9 +10,11 @@ program, time the Equal ones.
   microseconds. The median of the repetitions is used.
 * Measurement: by the search's runner (:mod:`steptp.runner.base`: ``local`` here, ``pack``
   on a GPU node later), the Equal candidates of a proposal batch together; a pending answer
-  raises :class:`steptp.runner.base.Pending`. With ``pack`` candidates are verified on this
-  CPU (with the GPU preflight and CUDA code generation) and again on the node; programs too
-  large to execute here (:func:`steptp.verify.too_large_to_run_here`) only on the node, at full size.
+  raises :class:`steptp.runner.base.Pending`. With a runner that measures elsewhere
+  (:attr:`~steptp.runner.base.Runner.measures_here` False) candidates are verified on this
+  CPU (with the GPU preflight and CUDA code generation) and again where they are measured;
+  programs too large to execute here (:func:`steptp.verify.too_large_to_run_here`) only
+  there, at full size.
 * Caches: verification results per canonical program text (kept by the driver across the
   runs of a search that waits for its runner), so a program seen twice costs nothing the
   second time.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import time
 
 from ..leir import LeirModule
+from ..runner.base import text_key
 from .core import Evaluation, canonical
 
 
@@ -44,24 +47,14 @@ def cuda_problem() -> str:
     return cuda_available() or ""
 
 
-def time_us(module: LeirModule, device: str = "cpu", repeat: int = 3, warmup: int = 3) -> float:
-    """Run time of ``module`` in microseconds on ``device``: the median of ``repeat``
-    measurements of :func:`steptp.runner.timing.measure` (cached there by program text).
-    On the CPU TVM runs one thread unless ``TVM_NUM_THREADS`` is set before the first
-    measurement (see that module), so ``P`` loops only pay off with more threads."""
-    from ..runner.timing import measure
-
-    return float(measure(module, device, repeat=repeat, warmup=warmup).median_us)
-
-
 class Measure:
     """The verify-then-measure evaluator of one search (see the module docstring).
 
     ``root``: the program every candidate is compared with; ``name``: its name in the search
     (the runner's program key). ``device``: ``cpu`` or ``cuda`` (``stp search --device``).
     ``runner``: a :class:`steptp.runner.base.Runner` (default: the ``local`` runner on
-    ``device`` with ``timer``). With the local runner candidates are verified on ``device``;
-    with another (a GPU node answering later) on this CPU with the GPU preflight and CUDA code
+    ``device`` with ``timer``). With a runner that measures here candidates are verified on
+    ``device``; with another (a GPU node answering later) on this CPU with the GPU preflight and CUDA code
     generation (``gpu_check``), and again on the node. ``trials``/``seed``: verification
     trials (paper: 3). ``timeout_s``: time limit of one verification. ``verified``: a dict
     (canonical text -> ``{"equal", "reason"}``) kept by the caller across runs (a replayed
@@ -81,16 +74,17 @@ class Measure:
         self.entry = entry
         self._funcs: dict = {}
         if runner is None:
-            from ..runner.kinds import create  # noqa: PLC0415
+            from ..runner import kinds  # noqa: PLC0415
 
-            runner = create("local", device=device, repeat=repeat, warmup=warmup, timer=timer)
+            runner = kinds.create("local", device=device, repeat=repeat, warmup=warmup, timer=timer)
         self.runner = runner
-        self.local = runner.kind == "local"
+        #: the runner verifies and measures on this machine's device (else elsewhere, later)
+        self.here = bool(runner.measures_here)
         from ..verify import too_large_to_run_here  # noqa: PLC0415
 
         #: too large to execute on this CPU: only the static checks here, verified on the node
-        self.at_size = not self.local and bool(too_large_to_run_here(root))
-        why = cuda_problem() if self.local and device == "cuda" else ""
+        self.at_size = not self.here and bool(too_large_to_run_here(root))
+        why = cuda_problem() if self.here and device == "cuda" else ""
         if why:
             raise TargetUnavailable(f"--device cuda: {why}")
         try:
@@ -137,7 +131,7 @@ class Measure:
         key = canonical(module)
         hit = self.verified.get(key)
         if hit is None:
-            if self.local:
+            if self.here:
                 res = verify_pair(self.root, module, trials=self.trials, seed=self.seed, isolated=True,
                                   timeout_s=self.timeout_s, gpu_check=self.device == "cuda",
                                   device=None if self.device == "cpu" else self.device)
@@ -166,12 +160,11 @@ class Measure:
         return self.evaluate_batch([(module, [])])[0]
 
     def evaluate_batch(self, items: list[tuple[LeirModule, list]]) -> list[Evaluation]:
-        """Verify each ``(module, steps)`` against the root (a multi-step proposal step by
-        step: it is cut at its first step that does not verify, ``Evaluation.steps`` the steps
-        kept), then measure the Equal ones as one batch through the runner. Raises
+        """Verify each ``(module, steps)`` against the root (``steps``:
+        :class:`steptp.policy.steps.Step` objects; a multi-step proposal step by step: it is
+        cut at its first step that does not verify, ``Evaluation.steps`` the steps kept), then measure the Equal ones as one batch through the runner. Raises
         :class:`steptp.runner.base.Pending` when the runner has not answered yet (nothing
         verified is lost: :attr:`verified`)."""
-        from ..leir import parse_program  # noqa: PLC0415
         from ..runner.base import MeasureInput, Pending  # noqa: PLC0415
 
         evs: list[Evaluation] = []
@@ -181,18 +174,18 @@ class Measure:
             t0 = time.perf_counter()
             kept = len(steps)
             for j, st in enumerate(steps[:-1]):
-                mid = LeirModule(self.root.signature, parse_program(st["leir"]))
-                v = self.verify(mid)
+                v = self.verify(LeirModule(self.root.signature, st.program.program))
                 if not v["equal"]:
                     kept = j
                     break
             if steps and kept < len(steps):
                 if kept == 0:
-                    ev.reason = f"step 1 ({steps[0]['rule']}) does not verify: {self.verify(LeirModule(self.root.signature, parse_program(steps[0]['leir'])))['reason']}"
+                    first = LeirModule(self.root.signature, steps[0].program.program)
+                    ev.reason = f"step 1 ({steps[0].rule}) does not verify: {self.verify(first)['reason']}"
                     ev.seconds["verify"] = time.perf_counter() - t0
                     evs.append(ev)
                     continue
-                module = LeirModule(self.root.signature, parse_program(steps[kept - 1]["leir"]))
+                module = LeirModule(self.root.signature, steps[kept - 1].program.program)
                 steps = steps[:kept]
             v = self.verify(module)
             ev.seconds["verify"] = time.perf_counter() - t0
@@ -206,7 +199,7 @@ class Measure:
         if not todo:
             return evs
         t0 = time.perf_counter()
-        inputs = [MeasureInput(f"{self.name}:{_key(canonical(m))}", self.name, self.root, m,
+        inputs = [MeasureInput(f"{self.name}:{text_key(canonical(m))}", self.name, self.root, m,
                                entry=self.entry(m, st) if self.entry is not None else None) for _, m, st in todo]
         futs = self.runner.run(inputs)
         if not all(f.done() for f in futs):
@@ -218,7 +211,7 @@ class Measure:
             ev.seconds["time"] = spent
             ev.status, ev.reason = r.status, r.reason
             if r.status == "equal":
-                ev.time_us, ev.speedup = r.time_us, (r.speedup if not self.local else None)
+                ev.time_us, ev.speedup = r.time_us, (r.speedup if not self.here else None)
         return evs
 
     def retime(self, module: LeirModule, steps: list | None = None):
@@ -226,15 +219,9 @@ class Measure:
         raises :class:`steptp.runner.base.Pending`."""
         from ..runner.base import MeasureInput, Pending  # noqa: PLC0415
 
-        x = MeasureInput(f"{self.name}:{_key(canonical(module))}", self.name, self.root, module, purpose="retime",
+        x = MeasureInput(f"{self.name}:{text_key(canonical(module))}", self.name, self.root, module, purpose="retime",
                          entry=self.entry(module, steps or []) if self.entry is not None else None)
         f = self.runner.run([x])[0]
         if not f.done():
             raise Pending(f"{self.name}: the re-time is pending")
         return f.result()
-
-
-def _key(text: str) -> str:
-    import hashlib  # noqa: PLC0415
-
-    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -25,25 +25,34 @@ from typing import Any
 
 from ..leir import LeirModule, format_program, parse_program
 from ..policy import Proposal
+from ..policy.steps import steps_of_records, steps_to_records
 
 FORMAT = "stp-search-cache/1"
 
 
 def proposal_record(p: Proposal) -> dict:
     """A JSON-ready record of one proposal (``leir``: canonical program text, None when the
-    answer could not be read)."""
+    answer could not be read). A multi-step proposal's steps are written as records in
+    ``info["steps"]`` (after ``info["rule"]``), where caches have always held them."""
     from ..engine.service import plain  # noqa: PLC0415
 
+    info = dict(p.info)
+    if p.steps:
+        head = {"rule": info.pop("rule")} if "rule" in info else {}
+        info = {**head, "steps": steps_to_records(p.steps), **info}
     return {"leir": format_program(p.module.program) if p.module is not None else None, "strategy": p.strategy,
             "site": p.site, "params": plain(p.params), "cot": p.cot, "answer": p.answer, "error": p.error,
-            "info": plain(p.info)}
+            "info": plain(info)}
 
 
 def proposal_of(rec: dict, signature) -> Proposal:
-    """The :class:`Proposal` of a :func:`proposal_record` (the program with ``signature``)."""
+    """The :class:`Proposal` of a :func:`proposal_record` (the program with ``signature``; the
+    step records of ``info["steps"]`` become its typed :attr:`~Proposal.steps`)."""
     mod = LeirModule(signature, parse_program(rec["leir"])) if rec.get("leir") is not None else None
+    info = dict(rec.get("info") or {})
+    steps = steps_of_records(info.pop("steps", None) or (), signature)
     return Proposal(mod, rec["strategy"], rec.get("site"), dict(rec.get("params") or {}), rec.get("cot") or "",
-                    rec.get("answer"), rec.get("error"), dict(rec.get("info") or {}))
+                    rec.get("answer"), rec.get("error"), info, steps)
 
 
 class CachedPolicy:
