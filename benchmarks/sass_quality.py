@@ -73,21 +73,25 @@ def main() -> None:
                 results[name] = {"tiled": False, "reasons": [r.get("reason") for r in rep]}
                 print(f"{name}: no tiled candidate: {results[name]['reasons']}", flush=True)
                 continue
-            steps = tiled[0]["steps"]
-            after = LeirModule(mod.signature, parse_leir(steps[-1]["leir"], "<tiled>").program)
-            try:
-                fig = measure(after, a.arch, Path(tmp), name)
-            except Exception as e:  # noqa: BLE001 - one program's failure is reported, the rest go on
-                results[name] = {"tiled": True, "error": str(e)}
-                print(f"{name}: {e}", flush=True)
-                continue
-            fig["steps"] = [s["rule"] + (f" {json.dumps(s['params'])}" if s.get("params") else "") for s in steps]
-            results[name] = {"tiled": True, **fig}
-            h = fig.get("hot_loop") or {}
-            print(f"{name}: {fig.get('registers')} regs, {fig.get('smem_bytes')} B smem, spills "
-                  f"{fig.get('spill_stores')}/{fig.get('spill_loads')} B; hot loop {h.get('instructions')} instr, "
-                  f"FMA {h.get('fma')} ({h.get('fma_share')}), LDS {h.get('lds_by_width')}, "
-                  f"FMA/LDS {h.get('fma_per_shared_load')}, SEL {h.get('sel')}, HMMA {h.get('hmma')}", flush=True)
+            cuda_cores = [r for r in tiled if not r.get("tensor_core")][:1]
+            tensor_cores = [r for r in tiled if r.get("tensor_core")][:1]
+            for key, entry in [(name, r) for r in cuda_cores] + [(f"{name}_tensor_cores", r) for r in tensor_cores]:
+                steps = entry["steps"]
+                after = LeirModule(mod.signature, parse_leir(steps[-1]["leir"], "<tiled>").program)
+                try:
+                    fig = measure(after, a.arch, Path(tmp), key)
+                except Exception as e:  # noqa: BLE001 - one program's failure is reported, the rest go on
+                    results[key] = {"tiled": True, "error": str(e)}
+                    print(f"{key}: {e}", flush=True)
+                    continue
+                fig["steps"] = [s["rule"] + (f" {json.dumps(s['params'])}" if s.get("params") else "") for s in steps]
+                results[key] = {"tiled": True, **fig}
+                h = fig.get("hot_loop") or {}
+                print(f"{key}: {fig.get('registers')} regs, {fig.get('smem_bytes')} B smem, spills "
+                      f"{fig.get('spill_stores')}/{fig.get('spill_loads')} B; hot loop {h.get('instructions')} instr, "
+                      f"FMA {h.get('fma')} ({h.get('fma_share')}), LDS {h.get('lds_by_width')}, "
+                      f"FMA/LDS {h.get('fma_per_shared_load')}, SEL {h.get('sel')}, HMMA {h.get('hmma')}; "
+                      f"HMMA in the kernel {fig.get('hmma_total')}", flush=True)
     out = {"arch": a.arch, "note": "static figures of the machine code (nvcc -O3, cuobjdump -sass); no GPU ran",
            "programs": results}
     if a.json:

@@ -575,8 +575,8 @@ def adopt_gpu_form(cpu_text: str, cuda_text: str) -> bool:
 
     if cuda_text in _PARSED:
         return True
-    if THREAD_MARK not in cpu_text:
-        return False
+    if THREAD_MARK not in cpu_text or "wmma." in cuda_text:
+        return False  # tensor-core fragments: the GPU form differs beyond the thread bindings
     _remember(cuda_text, gpu_form(parse_tvmscript(cpu_text)))
     return True
 

@@ -418,6 +418,10 @@ def concurrent_loop_problems(lid: LoopId, loop: A.Loop, ctxs: list[EqContext], w
         if c.eq.target.name not in written:
             written.append(c.eq.target.name)
     for w in written:
+        if private and private.get(w) and _private_per_iteration(lid, w, inside, ctxs):
+            # one copy per iteration, written before it is read there: an accumulation into it
+            # (a block's tensor-core accumulator) stays within the iteration's own copy
+            continue
         if w in reduced:
             users = [c for c in inside if any(t.name == w for t in accesses(c.eq))]
             only_reductions = all(c in reduced[w] for c in users)
@@ -438,8 +442,6 @@ def concurrent_loop_problems(lid: LoopId, loop: A.Loop, ctxs: list[EqContext], w
             else:
                 why = "thread blocks cannot accumulate into one element (race)"
             problems.append(f"{word} {v} (nest {nest}) runs over a reduction axis of equation {c.where()}: {why}")
-            continue
-        if private and private.get(w) and _private_per_iteration(lid, w, inside, ctxs):
             continue
         acc = [t for c in inside for t in accesses(c.eq) if t.name == w]
         rank = len(acc[0].indices)
@@ -574,11 +576,12 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
                 bound_loops[lid] = l
     for lid, l in bound_loops.items():
         thread = is_thread_tag(l.thread_tag)
-        private = {n: info.types[n][1] == "l" or (info.types[n][1] == "s" and not thread)
+        private = {n: info.types[n][1] == "l" or (info.types[n][1] in ("s", "w") and not thread)
                    for n in info.intermediates}
         problems += concurrent_loop_problems(lid, l, ctxs, f"{l.thread_tag} loop", thread, private)
 
     kernel_of: dict[int, LoopId] = {}
+    kernel_threads: dict[LoopId, bool] = {}
     for root, cs in kernels.items():
         nest = kernel_nest[root]
         extents: dict[str, list[tuple[LoopId, A.Loop]]] = {}
@@ -594,6 +597,7 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
                 first = extents[tag][0][1].extent
                 problems.append(f"{tag} is bound with different extents {vals} in one kernel (nest {nest}): "
                                 f"TVM would silently launch {first} and skip work")
+        kernel_threads[root] = any(is_thread_tag(tag) for tag in extents)
         threads = 1
         factors = []
         for tag in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
@@ -616,7 +620,7 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
         scope = info.types[name][1]
         if scope == "g":
             continue
-        word = "shared" if scope == "s" else "local"
+        word = {"s": "shared", "l": "local", "w": "fragment"}[scope]
         users = [c for c in ctxs if any(t.name == name for t in accesses(c.eq))]
         roots = []
         for c in users:
@@ -631,6 +635,11 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
         if not roots:
             continue
         root = roots[0]
+        if scope == "w" and kernel_threads.get(root):
+            problems.append(f"fragment {name} is used in nest {kernel_nest[root]}, a kernel with threadIdx loops: a "
+                            f"tensor-core fragment belongs to the block's one warp, which the lowering launches "
+                            f"(the kernel binds block loops only)")
+            continue
         private_vars = set()
         for c in users:
             for _, l in c.loops:
@@ -646,7 +655,7 @@ def gpu_problems(module_or_program, signature: Signature | None = None, limits: 
                 bad = True
         if bad:
             shown = sorted({format_expr(t) for _, t in acc})
-            who = "thread" if scope == "l" else "thread block"
+            who = "thread" if scope == "l" else "thread block"  # a fragment: the block's warp
             problems.append(f"{word} intermediate {name} is accessed as {', '.join(shown[:4])} in nest "
                             f"{kernel_nest[root]}: {word} memory is private to one {who}")
         if scope == "s":

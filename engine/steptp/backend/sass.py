@@ -116,7 +116,7 @@ def measure(module, arch: str, workdir: Path, tag: str) -> dict:
     ``sm_90``) in ``workdir`` and read the kernel with the most multiply-adds among those that
     use shared memory (all kernels when none does): ``{"kernel",
     "kernels", "registers", "smem_bytes" (per block), "spill_stores", "spill_loads" (bytes),
-    "hot_loop": :func:`hot_loop`}``. Raises ``RuntimeError`` when nvcc or cuobjdump is missing
+    "hot_loop": :func:`hot_loop`, "hmma_total": tensor-core instructions anywhere in the kernel}``. Raises ``RuntimeError`` when nvcc or cuobjdump is missing
     or fails."""
     from . import cuda_source  # noqa: PLC0415
 
@@ -139,7 +139,8 @@ def measure(module, arch: str, workdir: Path, tag: str) -> dict:
     # an untiled tail kernel (loop_partition's rest) may hold more unrolled ones
     tiled = [f for f in funcs if regs.get(f, {}).get("smem_bytes", 0) > 0] or list(funcs)
     name = max(tiled, key=lambda f: sum(1 for _, o, _ in funcs[f] if o.split(".")[0] in FMA))
-    return {"kernel": name, "kernels": len(funcs), **regs.get(name, {}), "hot_loop": hot_loop(funcs[name])}
+    return {"kernel": name, "kernels": len(funcs), **regs.get(name, {}), "hot_loop": hot_loop(funcs[name]),
+            "hmma_total": sum(1 for _, o, _ in funcs[name] if o.startswith("HMMA"))}
 
 
 

@@ -268,6 +268,10 @@ class _Emitter:
         self.split: dict[str, str] = {}                    # split V loop var -> its index expression
         self.lets: list[str] = []                          # let bindings before the current store
         self.vector_eq = False                             # fast exp applies to the current equation
+        self.wide = False                                  # the current equation writes a fragment (w)
+        self.fragments = fragment_scopes(prog, info, target)
+        self.warp_kernels = {id(n) for n in prog.nests
+                             if target == "cuda" and any(t.scope == "w" for t in _tensors_in(n))}
         self.types = {n: tvm_dtype(dt) for n, (dt, _s) in info.types.items()}
         for t in sig.tensors:
             self.types[t.name] = tvm_dtype(t.dtype)
@@ -315,6 +319,8 @@ class _Emitter:
             return const("bool", e.value)
         if t == WEAK_INT and not isinstance(e, A.Int) and want not in _INT_BITS:
             r = "int32"  # integer arithmetic of indices/literals stays integer (floor semantics), cast once
+        elif self.wide and is_float(t) and is_float(want) and not isinstance(e, A.Tensor):
+            r = want  # a fragment's equation: operands cast to the target's dtype first (exact products)
         else:
             r = resolve(t, want)
         s = self.emit_as(e, r)
@@ -492,11 +498,12 @@ class _Emitter:
         self.vector_eq = any(l.kind == "V" for l in loops) and not any(
             isinstance(x, A.Call) and x.func == "if_then_else" for x in A.walk(c.eq.value))
         self.lets = []
+        self.wide = c.eq.target.scope == "w"
         value = _strip(self.emit(c.eq.value, tdt))
         for let in self.lets:
             self.out(depth + 1, let)
         self.out(depth + 1, self.store(c.eq.target, value))
-        self.ctx, self.vector_eq, self.lets = None, False, []
+        self.ctx, self.vector_eq, self.lets, self.wide = None, False, [], False
 
     def init_nest(self, depth: int, c: EqContext) -> int:
         """Separate identity fill for an accumulation whose target is not injective."""
@@ -577,7 +584,7 @@ class _Emitter:
             self.out(depth, 'with T.sblock("root"):')
             depth += 1
             for n in block_alloc:
-                scope = A.SCOPES[info.types[n][1]]
+                scope = self.fragments.get(n) or A.SCOPES[info.types[n][1]]
                 self.out(depth, f'{self.names.buf[n]} = T.sblock_alloc_buffer({_shape(info.shapes[n])}, '
                                 f'"{self.types[n]}", scope="{scope}")')
         self.block_names = set()
@@ -595,7 +602,110 @@ class _Emitter:
         return "\n".join(self.lines) + "\n"
 
     def nest(self, depth: int, nest: A.Nest, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
+        if self.target == "cuda" and self.fragments and is_fragment_op(nest):
+            self.ctx = ctxs[k]
+            self.fragment_op(depth, nest)
+            self.ctx = None
+            return k + 1
         return self._loops(depth, nest, 0, ctxs, k, use_tinit)
+
+    # ------------------------------------------------------- tensor cores
+    def _affine(self, e: A.Expr) -> str:
+        """An integer-affine index expression with the loops' own names (an opaque block)."""
+        if isinstance(e, A.Int):
+            return str(e.value)
+        if isinstance(e, A.Index):
+            return self.names.loop[e.name]
+        if isinstance(e, A.BinOp) and e.op in ("+", "-", "*"):
+            return f"({self._affine(e.lhs)} {e.op} {self._affine(e.rhs)})"
+        raise LoweringError(f"fragment access {format_expr(e)!r} is not an affine index{self._where()}")
+
+    def _tile_access(self, t: A.Tensor, rows: str, cols: str) -> tuple[str, str, str, int, str]:
+        """``(pointer offset, region, layout, leading dimension, element count)`` of the 16x16
+        tile of tensor access ``t`` that fragment loops ``rows``/``cols`` sweep: ``rows`` and
+        ``cols`` each in one subscript entry with coefficient 1 (row-major: ``cols`` in the
+        last entry and ``rows`` in the one before it; column-major: swapped), the other
+        entries free of both."""
+        from .preflight import linear_form  # noqa: PLC0415
+
+        shape = self.info.shapes.get(t.name) or next(x.shape for x in self.sig.tensors if x.name == t.name)
+        n = len(t.indices)
+        forms = [linear_form(x) for x in t.indices]
+        if n < 2 or any(f is None for f in forms):
+            raise LoweringError(f"fragment access {format_expr(t)} needs an affine subscript of rank 2 or more"
+                                f"{self._where()}")
+        where = {v: [d for d, f in enumerate(forms) if f.get(v, 0)] for v in (rows, cols)}
+        if where[rows] == [n - 2] and where[cols] == [n - 1]:
+            layout = "row_major"
+        elif where[rows] == [n - 1] and where[cols] == [n - 2]:
+            layout = "col_major"
+        else:
+            raise LoweringError(f"fragment access {format_expr(t)}: the tile's loops {rows}, {cols} must sweep its "
+                                f"last two subscript entries{self._where()}")
+        if forms[n - 2].get(where[rows][0] == n - 2 and rows or cols) != 1 or \
+                forms[n - 1].get(where[cols][0] == n - 1 and cols or rows) != 1:
+            raise LoweringError(f"fragment access {format_expr(t)}: the tile's loops must step by 1{self._where()}")
+        base = [A.substitute_indices(x, {rows: A.Int(0), cols: A.Int(0)}) for x in t.indices]
+        strides = [math.prod(shape[d + 1:]) for d in range(n)]
+        offset = " + ".join(f"{self._affine(b)} * {s}" for b, s in zip(base, strides))
+        region = ", ".join(f"{self._affine(b)}:{self._affine(b)} + {16 if d >= n - 2 else 1}"
+                           for d, b in enumerate(base))
+        ld = shape[-1]
+        return offset, region, layout, ld, str(ld * 16)
+
+    def fragment_op(self, depth: int, nest: A.Nest) -> None:
+        """One ``wmma`` operation for a tensor-core nest (:func:`is_fragment_op`): a fragment set
+        to a constant (``fill_fragment``), loaded from a tile (``load_matrix_sync``), the
+        multiply-accumulate ``F = F + X*Y`` over 16x16x16 (``mma_sync``) or stored to a tile
+        (``store_matrix_sync``), in an opaque block that states what it reads and writes.
+        Source: TVM's WMMA intrinsic implementations (``tvm.s_tir.tensor_intrin.cuda``),
+        CUDA C Programming Guide §7.24."""
+        eq = nest.body[0]
+        t, v = eq.target, eq.value
+        lv = [l.var for l in nest.loops]
+        buf = self.names.buf
+        d = depth + 1
+        self.out(depth, f'with T.sblock("{self.block_name(t.name)}"):')
+        if t.scope == "w" and t.indices != tuple(A.Index(x) for x in lv[:2]):
+            raise LoweringError(f"fragment {t.name} must be written at its tile loops' indices{self._where()}")
+        if t.scope == "w" and isinstance(v, (A.Int, A.Float)) and len(lv) == 2:
+            self.out(d, "T.reads()")
+            self.out(d, f"T.writes({buf[t.name]}[0:16, 0:16])")
+            self.out(d, f"T.tvm_fill_fragment({buf[t.name]}.data, 16, 16, 16, 0, "
+                        f"{const(self.types[t.name], v.value)})")
+        elif t.scope == "w" and isinstance(v, A.Tensor) and v.scope != "w" and len(lv) == 2:
+            off, region, layout, ld, ext = self._tile_access(v, lv[0], lv[1])
+            if self.fragments[t.name] not in ("wmma.matrix_a", "wmma.matrix_b") or v.dtype != t.dtype:
+                raise LoweringError(f"fragment {t.name} is loaded from {v.name} but is no factor of the same "
+                                    f"dtype{self._where()}")
+            self.out(d, f"T.reads({buf[v.name]}[{region}])")
+            self.out(d, f"T.writes({buf[t.name]}[0:16, 0:16])")
+            self.out(d, f"T.tvm_load_matrix_sync({buf[t.name]}.data, 16, 16, 16, 0, T.tvm_access_ptr("
+                        f'T.type_annotation("{self.types[v.name]}"), {buf[v.name]}.data, {off}, {ext}, 1), {ld}, '
+                        f'"{layout}")')
+        elif t.scope == "w" and len(lv) == 3 and self.fragments.get(t.name) == "wmma.accumulator":
+            x, y = v.rhs.lhs, v.rhs.rhs
+            if (x.indices, y.indices) != ((A.Index(lv[0]), A.Index(lv[2])), (A.Index(lv[2]), A.Index(lv[1]))):
+                raise LoweringError(f"the multiply-accumulate must read {x.name}[i, k] and {y.name}[k, j] over its "
+                                    f"loops i, j, k{self._where()}")
+            f_, a_, b_ = buf[t.name], buf[x.name], buf[y.name]
+            self.out(d, f"T.reads({f_}[0:16, 0:16], {a_}[0:16, 0:16], {b_}[0:16, 0:16])")
+            self.out(d, f"T.writes({f_}[0:16, 0:16])")
+            self.out(d, f"T.tvm_mma_sync({f_}.data, 0, {a_}.data, 0, {b_}.data, 0, {f_}.data, 0)")
+        elif t.scope != "w" and isinstance(v, A.Tensor) and v.scope == "w" and len(lv) == 2:
+            if v.indices != tuple(A.Index(x) for x in lv) or self.fragments.get(v.name) != "wmma.accumulator" \
+                    or v.dtype != t.dtype:
+                raise LoweringError(f"only an accumulator fragment read at its tile loops' indices is stored, "
+                                    f"in its own dtype{self._where()}")
+            off, region, layout, ld, ext = self._tile_access(t, lv[0], lv[1])
+            self.out(d, f"T.reads({buf[v.name]}[0:16, 0:16])")
+            self.out(d, f"T.writes({buf[t.name]}[{region}])")
+            self.out(d, f"T.tvm_store_matrix_sync({buf[v.name]}.data, 16, 16, 16, 0, T.tvm_access_ptr("
+                        f'T.type_annotation("{self.types[t.name]}"), {buf[t.name]}.data, {off}, {ext}, 2), {ld}, '
+                        f'"{layout}")')
+        else:
+            raise LoweringError(f"a nest over fragments must fill, load, multiply-accumulate or store one 16x16 "
+                                f"tile{self._where()}")
 
     def _loops(self, d: int, nest: A.Nest, i: int, ctxs: list[EqContext], k: int, use_tinit: dict[int, bool]) -> int:
         """Loops ``i..`` of ``nest`` and its body; returns the index of the next equation.
@@ -607,7 +717,14 @@ class _Emitter:
         straight-line code over n / w registers, which is faster than the loop while it fits
         the register file and spills beyond it.
         A ``V`` loop is never a reduction axis (:func:`~steptp.backend.preflight.loop_hazards`
-        rejects it), so no block of the tail initialises an accumulator a second time."""
+        rejects it), so no block of the tail initialises an accumulator a second time.
+
+        A kernel holding tensor-core fragments (``w``) runs one warp per block on CUDA: a
+        ``threadIdx.x`` loop of 32 right inside its block loops, which no equation indexes (the
+        ``wmma`` operations are collective: every lane of the warp issues them)."""
+        if id(nest) in self.warp_kernels and i == _block_lead(nest):
+            self.out(d, f'for _warp in T.thread_binding({WARP_SIZE}, thread="threadIdx.x"):')
+            d += 1
         if i == len(nest.loops):
             return self._body(d, nest, ctxs, k, use_tinit)
         l, w = nest.loops[i], self.vector_lanes
@@ -638,6 +755,75 @@ class _Emitter:
             else:
                 k = self.nest(d, item, ctxs, k, use_tinit)
         return k
+
+
+WARP_SIZE = 32  # lanes of a CUDA warp (the one warp of a tensor-core kernel's block)
+
+
+def _tensors_in(nest: A.Nest):
+    for item in nest.body:
+        if isinstance(item, A.Nest):
+            yield from _tensors_in(item)
+        else:
+            yield item.target
+            yield from (x for x in A.walk(item.value) if isinstance(x, A.Tensor))
+
+
+def _block_lead(nest: A.Nest) -> int:
+    """The number of leading loops of ``nest`` bound to a block axis (``bx..``)."""
+    k = 0
+    while k < len(nest.loops) and nest.loops[k].kind == "B" and nest.loops[k].var[:1] == "b":
+        k += 1
+    return k
+
+
+def is_fragment_op(nest: A.Nest) -> bool:
+    """Whether ``nest`` is one tensor-core operation: two or three serial loops of 16 around
+    one equation that reads or writes a fragment (scope ``w``)."""
+    return (len(nest.loops) in (2, 3) and all(l.extent == 16 and l.kind in ("L", "U") for l in nest.loops)
+            and len(nest.body) == 1 and isinstance(nest.body[0], A.Assign)
+            and any(t.scope == "w" for t in _tensors_in(nest)))
+
+
+def fragment_scopes(prog: A.Program, info: ProgramInfo, target: str) -> dict[str, str]:
+    """TVM storage scope of each tensor-core fragment (LEIR scope ``w``): on CUDA the role its
+    equations give it: the accumulator of an accumulation ``F = F + X*Y`` over fragments is
+    ``wmma.accumulator``, its left factor ``wmma.matrix_a``, its right factor
+    ``wmma.matrix_b`` (TVM ``tvm.s_tir.tensor_intrin.cuda``'s WMMA intrinsics); on the CPU
+    plain ``local`` memory. Raises :class:`LoweringError` for a fragment with no role or two.
+    Source: CUDA C Programming Guide §7.24 (warp matrix functions)."""
+    frags = [n for n in info.intermediates if info.types[n][1] == "w"]
+    if not frags:
+        return {}
+    if target != "cuda":
+        return {n: "local" for n in frags}
+    roles: dict[str, set[str]] = {n: set() for n in frags}
+
+    def visit(nest: A.Nest) -> None:
+        for item in nest.body:
+            if isinstance(item, A.Nest):
+                visit(item)
+                continue
+            t, v = item.target, item.value
+            if t.scope != "w" or not (isinstance(v, A.BinOp) and v.op == "+" and isinstance(v.rhs, A.BinOp)
+                                      and v.rhs.op == "*" and isinstance(v.lhs, A.Tensor) and v.lhs.name == t.name):
+                continue
+            x, y = v.rhs.lhs, v.rhs.rhs
+            if isinstance(x, A.Tensor) and isinstance(y, A.Tensor) and x.scope == "w" and y.scope == "w":
+                roles[t.name].add("wmma.accumulator")
+                roles[x.name].add("wmma.matrix_a")
+                roles[y.name].add("wmma.matrix_b")
+
+    for nest in prog.nests:
+        visit(nest)
+    out = {}
+    for n, r in roles.items():
+        if len(r) != 1:
+            raise LoweringError(f"fragment {n} (scope w) has {'no role' if not r else 'roles ' + ', '.join(sorted(r))}: "
+                                f"a fragment is the accumulator, the left or the right factor of one "
+                                f"accumulation F = F + X*Y over fragments")
+        out[n] = r.pop()
+    return out
 
 
 def _shape(shape: tuple[int, ...]) -> str:

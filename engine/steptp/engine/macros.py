@@ -513,6 +513,42 @@ def conv_window_tiling(k: int, t_oh: int = 4, t_ow: int = 32, f_ow: int = 4, f_c
     return steps
 
 
+def tensor_core_sequence(k: int, nest) -> tuple[list | None, str | None]:
+    """The steps that take top-level GEMM nest ``k`` (:func:`_gemm_form`, no window
+    reductions) with f16 factors and an f32 accumulator to ``tensor_core_tiling``: 16x16
+    output tiles per block (rows on ``blockIdx.x``, columns on ``blockIdx.y``, the batch on
+    ``blockIdx.z``), the reduction split into steps of 16 (``loop_split`` of each loop by 16,
+    ``loop_reorder`` to ``[blocks, ko, i, j, k]``, ``loop_binding``); or ``(None, reason)``.
+    Rows, columns and the reduction must be multiples of 16 (the wmma shape)."""
+    form = _gemm_form(nest)
+    if form is None or form[2] != 0:
+        return None, "not a GEMM with one reduction loop"
+    (x, y), batch, _ = form
+    eq = nest.body[0]
+    dts = {t.name: t.dtype for t in A.walk(eq.value) if isinstance(t, A.Tensor)}
+    if dts.get(x) != "f16" or dts.get(y) != "f16" or eq.target.dtype != "f32":
+        return None, "tensor cores: f16 factors and an f32 accumulator only"
+    ext = [lp.extent for lp in nest.loops]
+    o = 1 if batch else 0
+    if any(e % 16 or e < 32 for e in ext[o:]):
+        return None, f"tensor cores: rows, columns and the reduction must be multiples of 16 (extents {ext})"
+    n = [k]
+    seq: list = []
+    if batch:
+        seq.append(("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bz"}))
+    elif nest.loops[0].var.startswith("t"):
+        seq.append(("thread_block_rebinding", {"nest": n, "loop": 0}, {"ax": "bx"}))
+    seq += [("loop_split", {"nest": n, "loop": o}, {"f": 16}),
+            ("loop_split", {"nest": n, "loop": o + 2}, {"f": 16}),
+            ("loop_split", {"nest": n, "loop": o + 4}, {"f": 16}),
+            ("loop_reorder", {"nest": n}, {"order": list(range(o)) + [o + i for i in (0, 2, 4, 1, 3, 5)]})]
+    if batch:
+        seq.append(("loop_binding", {"nest": n, "loop": 1}, {"ax": "bx"}))
+    seq += [("loop_binding", {"nest": n, "loop": o + 1}, {"ax": "by"}),
+            ("tensor_core_tiling", {"nest": n}, {"m": 16})]
+    return seq, None
+
+
 def _reduction_shape(nest) -> list[int] | None:
     """The loop extents of a top-level nest ``B L .. L [one equation]`` whose first loop is the
     only bound one, else None."""
@@ -758,6 +794,14 @@ def tiling_report(by_id: dict, module: LeirModule) -> list[dict]:
                 reason = _refusal(e)
         if reason is not None:
             out.append({"nest": k, "reason": reason})
+        if "tensor_core_tiling" in by_id:
+            tc, _why = tensor_core_sequence(k, nest)
+            if tc is not None:
+                try:
+                    out.append({"nest": k, "steps": apply_steps(by_id, module, tc), "sequence": tc,
+                                "tensor_core": True})
+                except Exception:  # noqa: BLE001 - the CUDA-core tiling above stands alone
+                    pass
     return out
 
 
@@ -869,8 +913,9 @@ def tiling_proposals(by_id: dict, module: LeirModule) -> list[list[dict]]:
     records are the steps."""
     tiled = [r for r in tiling_report(by_id, module) if "steps" in r]
     out = [r["steps"] for r in tiled]
-    if len(tiled) > 1:
-        every = _every_nest_tiled(by_id, module, tiled)
+    first = [r for i, r in enumerate(tiled) if all(q["nest"] != r["nest"] for q in tiled[:i])]  # one per nest
+    if len(first) > 1:
+        every = _every_nest_tiled(by_id, module, first)
         if every:
             out.insert(0, every)
     return out

@@ -42,8 +42,11 @@ DTYPES: dict[str, str] = {
 #: LEIR dtype codes -> bytes per element (``bool`` is stored as one byte).
 DTYPE_BYTES: dict[str, int] = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
                                "u8": 1, "u16": 2, "u32": 4, "u64": 8, "bool": 1}
-#: LEIR storage-scope codes -> TVM storage scopes.
-SCOPES: dict[str, str] = {"g": "global", "s": "shared", "l": "local"}
+#: LEIR storage-scope codes -> TVM storage scopes. ``w``: a tensor-core fragment, a tile held
+#: collectively by the one warp of a thread block (TVM ``wmma.matrix_a``/``wmma.matrix_b``/
+#: ``wmma.accumulator``: the lowering picks the role from the equations, see
+#: :mod:`steptp.backend.tvmscript`; plain memory on the CPU).
+SCOPES: dict[str, str] = {"g": "global", "s": "shared", "l": "local", "w": "wmma"}
 #: Loop kinds: serial, parallel, vectorized, unrolled, bound (thread binding).
 LOOP_KINDS: dict[str, str] = {
     "L": "serial",

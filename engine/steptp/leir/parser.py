@@ -31,7 +31,7 @@ _TERMINAL_TEXT = {
     "NAME": "a tensor name",
     "IDX": "an index name",
     "DTYPE": "a dtype code (f16, f32, f64, i32, i64, bool, ...)",
-    "SCOPE": "a storage scope (g, s, l)",
+    "SCOPE": "a storage scope (g, s, l, w)",
     "INT": "an integer",
     "FLOAT": "a number",
     "INF": "'inf'",
