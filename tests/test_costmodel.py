@@ -99,7 +99,7 @@ def test_rank_metrics_agree_with_scipy():
 def test_train_and_rank_measured_steps(timed, model_file):
     groups = C.measured_groups([timed])
     assert len(groups) == 2 and sum(len(v) for v in groups.values()) >= 6
-    m = C.CostModel.load(model_file)
+    m = C.LearnedModel.load(model_file)
     assert m.trained and m.meta["groups"] == 2
     res = C.evaluate(groups, m.predict, k=2)
     assert res["groups"] == 2 and res["tau"] is not None
@@ -117,7 +117,7 @@ def test_train_and_rank_measured_steps(timed, model_file):
     doc = json.loads(r.output)
     assert doc["model"]["tau"] == pytest.approx(res["tau"]) and doc["static"]["groups"] == 2
     # a saved and reloaded model predicts the same
-    again = C.CostModel.load(model_file)
+    again = C.LearnedModel.load(model_file)
     orig = next(iter(groups))
     assert again.predict(orig, [t for t, _ in groups[orig]]) == m.predict(orig, [t for t, _ in groups[orig]])
 
@@ -276,3 +276,28 @@ def test_evolutionary_sizes_from_the_command_line(tmp_path):
                                    "--screen", "8"])
     assert res.exit_code == 2 and "--screen: not a parameter of --algorithm greedy" in res.output
     assert not (tmp_path / "g").exists()
+
+
+def test_cost_models_come_from_one_registry():
+    """One ranking home (issue 53): every kind by :func:`steptp.cost_model.create`, the ``--rank``
+    values read from the registry, and a kind registered later is created the same way."""
+    import steptp.cost_model as cm
+    from steptp.cost_model.learned import CostScorer, RandomScorer
+
+    assert cm.kinds()[:3] == ("random", "cost", "model")
+    assert isinstance(cm.create("random", seed=3), RandomScorer) and isinstance(cm.create("cost"), CostScorer)
+    with pytest.raises(ValueError, match="expected random, cost, model or model:PATH"):
+        cm.parse_kind("cost:x")
+
+    class Constant:
+        def predict(self, base, programs):
+            return [0.0] * len(programs)
+
+        def update(self, rows):
+            pass
+
+    cm.register("constant", lambda **_: Constant())
+    try:
+        assert cm.parse_kind("constant") == ("constant", None) and isinstance(cm.create("constant"), Constant)
+    finally:
+        cm._KINDS.pop("constant")

@@ -198,7 +198,7 @@ def definitions(names: set[str]) -> dict[str, list[str]]:
 
 def test_spine_names_are_defined_once():
     """``DEVICES`` in runner/device.py; ``Proposal``, ``Policy`` in policy/base.py,
-    ``EnginePolicy`` in policy/engine.py; no copies and no aliases
+    ``EnginePolicy`` in policy/engine.py; one ``CostModel``; no copies and no aliases
     (``Policy = ...``) anywhere else."""
     found = definitions({"DEVICES", "Proposal", "Policy", "EnginePolicy", "seeded_rng"})
     assert found == {"DEVICES": ["steptp.runner.device"], "Proposal": ["steptp.policy.base"],
@@ -266,6 +266,16 @@ def test_the_gpu_front_end_needs_nothing_from_the_dataset():
     g = import_graph(with_packages=True)
     bad = {m: sorted(d for d in deps if _below(d, ("steptp.dataset",))) for m, deps in g.items()
            if _below(m, ("steptp.gpu",))}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_one_cost_model_name_and_one_ranking_home():
+    """One class named ``CostModel`` (the protocol of ``cost_model/``), and the policies and the
+    search rank through :func:`steptp.cost_model.create`, never the static model directly."""
+    assert definitions({"CostModel"}) == {"CostModel": ["steptp.cost_model"]}
+    g = import_graph(with_packages=True)
+    bad = {m: sorted(d for d in deps if d == "steptp.cost_model.static") for m, deps in g.items()
+           if _below(m, ("steptp.policy", "steptp.search"))}
     assert {m: d for m, d in bad.items() if d} == {}
 
 

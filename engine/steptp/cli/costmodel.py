@@ -64,7 +64,7 @@ def evaluate(model: Path = typer.Argument(..., help="Model file (stp costmodel t
     from ..cost_model import learned as C
 
     try:
-        m = C.CostModel.load(model)
+        m = C.LearnedModel.load(model)
         groups = C.measured_groups(datasets, m.target)
         if not groups:
             raise C.CostModelError(f"{', '.join(map(str, datasets))}: no timed entries for device {m.target}")

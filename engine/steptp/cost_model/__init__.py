@@ -45,29 +45,77 @@ class CostModel(Protocol):
         ...
 
 
-def parse_kind(rank: str) -> tuple[str, str | None]:
-    """``(kind, model path)`` of a ``--rank`` value (``random``, ``cost``, ``model`` or
-    ``model:PATH``). Raises ``ValueError`` with one line otherwise."""
-    from .learned import parse_rank
+_KINDS: dict[str, tuple] = {}  # kind -> (factory, takes a model path)
 
-    return parse_rank(rank)
+
+def register(kind: str, factory, *, path: bool = False) -> None:
+    """Make ``factory(device=..., seed=..., roots=..., path=...) -> CostModel`` the cost model
+    ``kind`` (``--rank KIND``; ``path``: the kind also takes ``KIND:PATH``, a model file);
+    registering a kind again replaces it."""
+    _KINDS[kind] = (factory, path)
+
+
+def kinds() -> tuple[str, ...]:
+    """The registered kinds, in registration order (:data:`KINDS` first)."""
+    return tuple(_KINDS)
+
+
+def parse_kind(rank: str) -> tuple[str, str | None]:
+    """``(kind, model path)`` of a ``--rank`` value (a registered kind, or ``KIND:PATH`` for a
+    kind that takes a model file: ``model:PATH``). Raises ``ValueError`` with one line
+    otherwise."""
+    kind, sep, path = rank.partition(":")
+    with_path = [k for k, (_, p) in _KINDS.items() if p]
+    if kind not in _KINDS or (path and kind not in with_path) or (sep and not path):
+        expected = ", ".join(_KINDS) + "".join(f" or {k}:PATH" for k in with_path)
+        raise ValueError(f"--rank {rank}: expected {expected}")
+    return kind, path or None
 
 
 def create(kind: str, device: str = "cpu", seed: int = 0, roots=()):
-    """The cost model of ``kind`` (a ``--rank`` value, :data:`KINDS`, ``model:PATH`` included)
-    for ``device`` (``cpu`` or ``cuda``: the static model's target, the learned model's
-    features). Raises ``ValueError`` for an unknown kind,
+    """The cost model of ``kind`` (a ``--rank`` value: a registered kind, ``model:PATH``
+    included) for ``device`` (``cpu`` or ``cuda``: the static model's target, the learned
+    model's features); ``seed`` for the seeded kinds, ``roots`` (program texts) for a model
+    fitted on shipped samples. Every ranking of the search and of the engine policy comes from
+    here. Raises ``ValueError`` for an unknown kind,
     :class:`~steptp.cost_model.learned.CostModelError` for a bad model file or one for another
     device and :class:`~steptp.cost_model.learned.CostModelUnavailable` without LightGBM."""
-    from .learned import make_scorer, require_lightgbm
+    name, path = parse_kind(kind)
+    factory, _ = _KINDS[name]
+    return factory(device=device, seed=seed, roots=roots, path=path)
+
+
+def _random(*, seed: int = 0, **_):
+    from .learned import RandomScorer  # noqa: PLC0415
+
+    return RandomScorer(seed)
+
+
+def _cost(*, device: str = "cpu", **_):
+    from .learned import CostScorer  # noqa: PLC0415
+
+    return CostScorer(device)
+
+
+def _model(*, device: str = "cpu", roots=(), path: str | None = None, **_):
+    """The learned model (``path``: a model file of ``stp costmodel train``; without one, on
+    ``cuda``, the model fitted on the shipped GPU samples; refitted online)."""
+    from .learned import CostModelError, LearnedModel, ModelScorer, require_lightgbm  # noqa: PLC0415
 
     default = None
-    if kind == "model" and device == "cuda":
-        from .samples import learned_model, shipped_rows
+    if path is None and device == "cuda":
+        from .samples import learned_model, shipped_rows  # noqa: PLC0415
 
         require_lightgbm()
         default = learned_model(shipped_rows(list(roots)))
-    return make_scorer(kind, device, seed, default)
+    model = LearnedModel.load(path) if path else default
+    if model is not None and model.target != device:
+        raise CostModelError(f"{path}: a model for {model.target}, not {device}")
+    return ModelScorer(model, device)
 
 
-__all__ = ["KINDS", "CostModel", "create", "parse_kind"]
+register("random", _random)
+register("cost", _cost)
+register("model", _model, path=True)
+
+__all__ = ["KINDS", "CostModel", "register", "kinds", "create", "parse_kind"]

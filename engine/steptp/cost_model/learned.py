@@ -208,7 +208,7 @@ def load_pairs(paths: list[str | Path], device: str = "cpu", siblings: int = 64,
 # ---------------------------------------------------------------------------
 
 
-class CostModel:
+class LearnedModel:
     """LightGBM gradient-boosted trees over pair features (see the module docstring).
 
     ``X`` / ``y`` / ``w``: the training rows (kept, so that online samples refit on old and
@@ -245,7 +245,7 @@ class CostModel:
         the difference of ``log2_est_ns``)."""
         return -self.prior * math.log(2.0) * X[:, 0]
 
-    def fit(self) -> "CostModel":
+    def fit(self) -> "LearnedModel":
         """Fit the trees on every row; raises :class:`CostModelError` without rows and
         :class:`CostModelUnavailable` without LightGBM."""
         lgb = require_lightgbm()
@@ -300,7 +300,7 @@ class CostModel:
         return p
 
     @classmethod
-    def load(cls, path: str | Path) -> "CostModel":
+    def load(cls, path: str | Path) -> "LearnedModel":
         """Read a model written by :meth:`save`. Raises :class:`CostModelError` (one line)
         for a missing, unreadable or corrupt file or one of other features, and
         :class:`CostModelUnavailable` without LightGBM."""
@@ -334,8 +334,8 @@ class CostModel:
 
 
 def train(paths: list[str | Path], device: str = "cpu", siblings: int = 64, seed: int = 0,
-          rounds: int = ROUNDS) -> CostModel:
-    """A :class:`CostModel` fitted on the timed entries of ``stp dataset --time`` outputs
+          rounds: int = ROUNDS) -> LearnedModel:
+    """A :class:`LearnedModel` fitted on the timed entries of ``stp dataset --time`` outputs
     ``paths`` (see :func:`load_pairs`); ``meta`` records the datasets, groups and pairs.
     Raises :class:`CostModelError` (no data) or :class:`CostModelUnavailable`."""
     require_lightgbm()
@@ -343,7 +343,7 @@ def train(paths: list[str | Path], device: str = "cpu", siblings: int = 64, seed
     if not groups:
         raise CostModelError(f"{', '.join(map(str, paths))}: no timed entries for device {device} "
                              "(build them with stp dataset --time)")
-    m = CostModel(device, {"seed": seed}, rounds)
+    m = LearnedModel(device, {"seed": seed}, rounds)
     pairs = pairs_of(groups, siblings, seed)
     m.add_pairs(pairs)
     m.fit()
@@ -482,14 +482,14 @@ class CostScorer:
 class ModelScorer:
     """The learned model, refitted online on the search's own samples.
 
-    ``model``: a trained :class:`CostModel` (offline, ``--rank model:PATH``) or None (online
+    ``model``: a trained :class:`LearnedModel` (offline, ``--rank model:PATH``) or None (online
     only: the static model ranks until ``min_samples`` samples have been seen);
     ``retrain_every``: samples between refits. ``stats``: online rows, refits, seconds."""
 
-    def __init__(self, model: CostModel | None = None, target: str = "cpu", retrain_every: int = 4,
+    def __init__(self, model: LearnedModel | None = None, target: str = "cpu", retrain_every: int = 4,
                  min_samples: int = 4):
         require_lightgbm()
-        self.model = model if model is not None else CostModel(target)
+        self.model = model if model is not None else LearnedModel(target)
         self.target = target
         self.retrain_every = retrain_every
         self.min_samples = min_samples
@@ -556,33 +556,7 @@ class ModelScorer:
         self.stats["seconds"] += time.perf_counter() - t0
 
 
-def parse_rank(rank: str) -> tuple[str, str | None]:
-    """``(kind, model path)`` of a ``--rank`` value: ``random``, ``cost``, ``model`` or
-    ``model:PATH``; raises ``ValueError`` otherwise."""
-    kind, _, path = rank.partition(":")
-    if kind not in ("random", "cost", "model") or (path and kind != "model") or (_ and not path):
-        raise ValueError(f"--rank {rank}: expected random, cost, model or model:PATH")
-    return kind, path or None
-
-
-def make_scorer(rank: str, target: str = "cpu", seed: int = 0, default=None):
-    """The scorer of a ``--rank`` value (:func:`parse_rank`): RandomScorer, CostScorer or
-    ModelScorer (loading ``PATH``; without one, starting from ``default``, a fitted
-    :class:`CostModel` or None: :func:`steptp.cost_model.create` passes the shipped GPU
-    samples' model on ``cuda``). Raises :class:`CostModelError` /
-    :class:`CostModelUnavailable` for a bad model file or a missing LightGBM."""
-    kind, path = parse_rank(rank)
-    if kind == "random":
-        return RandomScorer(seed)
-    if kind == "cost":
-        return CostScorer(target)
-    model = CostModel.load(path) if path else default
-    if model is not None and model.target != target:
-        raise CostModelError(f"{path}: a model for {model.target}, not {target}")
-    return ModelScorer(model, target)
-
-
-__all__ = ["CostModel", "CostModelError", "CostModelUnavailable", "CostScorer", "ModelScorer", "Pair",
+__all__ = ["LearnedModel", "CostModelError", "CostModelUnavailable", "CostScorer", "ModelScorer", "Pair",
            "RandomScorer", "evaluate", "features_of", "kendall_tau", "load_pairs",
-           "make_scorer", "measured_groups", "pair_vector", "pairs_of", "parse_rank", "require_lightgbm",
+           "measured_groups", "pair_vector", "pairs_of", "require_lightgbm",
            "static_score", "top_k_recall", "train"]

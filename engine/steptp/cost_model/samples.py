@@ -96,9 +96,9 @@ def shipped_rows(exclude_roots=()) -> list[tuple[str, str, float]]:
 
 
 def learned_model(rows: list[tuple[str, str, float]]):
-    """A :class:`steptp.cost_model.learned.CostModel` for ``cuda`` fitted on ``rows``
+    """A :class:`steptp.cost_model.learned.LearnedModel` for ``cuda`` fitted on ``rows``
     (:func:`_training_rows`), or None with fewer than 4 rows or without LightGBM."""
-    from .learned import CostModel, CostModelUnavailable, features_of, require_lightgbm  # noqa: PLC0415
+    from .learned import CostModelUnavailable, LearnedModel, features_of, require_lightgbm  # noqa: PLC0415
 
     if len(rows) < 4:
         return None
@@ -106,7 +106,7 @@ def learned_model(rows: list[tuple[str, str, float]]):
         require_lightgbm()
     except CostModelUnavailable:
         return None
-    m = CostModel("cuda")
+    m = LearnedModel("cuda")
     for root, cand, ls in rows:
         m.add_row(_features(root, features_of), _features(cand, features_of), ls)
     return m.fit()

@@ -101,6 +101,7 @@ class EnginePolicy:
         self.lookahead, self.expand = max(1, lookahead), max(1, expand)
         self.check = check
         self._macros: dict[str, list] = {}
+        self._ranker = None  # rank="cost": the static cost model (cost_model.create("cost", target))
 
     @property
     def skipped(self) -> dict[str, int]:
@@ -188,15 +189,13 @@ class EnginePolicy:
     def _look_ahead(self, module: LeirModule, props: list[Proposal]) -> list[Proposal]:
         """``props`` (the candidates of ``module``) and the programs ``lookahead - 1`` levels
         further (class docstring), each a proposal with its steps from ``module``."""
-        from ..cost_model.static import static_scores
-
         seen = {program_key(p.module) for p in props}
         out, level = list(props), list(props)
         failed: set[str] = set()  # programs the check refused: not proposed either
         for _ in range(self.lookahead - 1):
             if not level:
                 break
-            scores = static_scores(module.program, [p.module.program for p in level], self.target)
+            scores = self._rank(module.program, [p.module.program for p in level])
             order = sorted(range(len(level)), key=lambda j: (-scores[j], j))
             order = _diverse(order, [rule_ids(_steps_of(level[j])) for j in order], len(order))
             picks = []
@@ -223,6 +222,16 @@ class EnginePolicy:
             out += nxt
             level = nxt
         return [p for p in out if program_key(p.module) not in failed]
+
+    def _rank(self, base, programs: list) -> list[float]:
+        """Predicted ln speedup of each of ``programs`` over ``base`` by the static cost model
+        (``rank="cost"``), made by :func:`steptp.cost_model.create` as every ranking of the
+        search is."""
+        if self._ranker is None:
+            from ..cost_model import create  # noqa: PLC0415
+
+            self._ranker = create("cost", self.target)
+        return self._ranker.predict(base, programs)
 
     def _passes(self, module: LeirModule, failed: set) -> bool:
         ok = bool(self.check(module))
@@ -265,8 +274,6 @@ class EnginePolicy:
         if self.rank == "cost":
             ranked = self._ranked.get(key)
             if ranked is None:
-                from ..cost_model.static import static_scores
-
                 # ties broken by a draw of the program alone: the ranking does not depend on the
                 # call that computes it (a replayed search computes it later, issue 45)
                 order = list(range(len(cands)))
@@ -274,7 +281,7 @@ class EnginePolicy:
                 props = [p for p in (self._indexed(module, cands, i) for i in order) if p is not None]
                 if self.lookahead > 1:
                     props = self._look_ahead(module, props)
-                scores = static_scores(module.program, [p.module.program for p in props], self.target)
+                scores = self._rank(module.program, [p.module.program for p in props])
                 # highest predicted speedup (lowest estimate) first; the seeded order breaks ties
                 best = sorted(range(len(props)), key=lambda j: (-scores[j], j))
                 if self.macros:
