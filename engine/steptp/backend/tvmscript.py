@@ -229,7 +229,7 @@ class _Namer:
 #: poison=True)``): a kernel that reads an element nothing wrote, or leaves an output
 #: element unwritten, carries this exact pattern into its outputs (x86 and LLVM propagate a
 #: NaN operand's payload). Default NaNs (``log(-1)``) have other payloads.
-from ..runner.tolerance import POISON_BITS  # noqa: E402  (one table: verification here, GPU runs there)
+from .poison import POISON_BITS  # noqa: E402  (one table: verification here, GPU runs there)
 
 
 #: Annotations of the verification form (``poison=True``), never in stored TIR: a bound

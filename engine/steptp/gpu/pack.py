@@ -23,7 +23,7 @@ pack carries)::
                               trial (for a node whose CPU cannot run x86-64 code)
     PACK/lib/                 libtvm_runtime.so, libtvm_runtime_cuda.so (from the apache-tvm wheel)
     PACK/python/steptp/       the runtime-only modules (gpu.run and what it imports,
-                              backend.cuda_runtime, runner.{inputs,tolerance,worker,stats,
+                              backend.{cuda_runtime,poison}, runner.{inputs,tolerance,worker,stats,
                               cuda_timing,record}: RUNTIME_FILES); nothing else
 
 Neither inputs nor outputs are stored by default: the node regenerates the inputs from the
@@ -51,7 +51,7 @@ import numpy as np
 FORMAT = "stp-gpu-pack/2"  # /1: references stored (data/*.npz) only; the runner reads both
 
 #: Files of the package copied into a pack (runtime-only closure of :mod:`steptp.gpu.run`).
-RUNTIME_FILES = ("__init__.py", "backend/__init__.py", "backend/errors.py", "backend/cuda_runtime.py",
+RUNTIME_FILES = ("__init__.py", "backend/__init__.py", "backend/errors.py", "backend/cuda_runtime.py", "backend/poison.py",
                  "runner/__init__.py", "runner/inputs.py", "runner/tolerance.py", "runner/worker.py", "runner/pool.py", "runner/baseline.py",
                  "runner/stats.py", "runner/cuda_timing.py", "runner/record.py", "gpu/__init__.py", "gpu/run.py",
                  "gpu/node.py", "gpu/eager.py", "gpu/baselines.py", "gpu/sanitizer.py", "gpu/session.py")

@@ -1,7 +1,7 @@
 """The one tolerance rule of every comparison (verification here, GPU runs on a GPU node).
 
-Imports only numpy, so :mod:`steptp.gpu.run` uses exactly this code on a machine that has
-no lark, TVM compiler or torch. Source of the rule: design.md §5; the table and its
+Imports only numpy and the poison table (:mod:`steptp.backend.poison`), so :mod:`steptp.gpu.run`
+uses exactly this code on a machine that has no lark, TVM compiler or torch. Source of the rule: design.md §5; the table and its
 rationale are below (:data:`TOLERANCES`); :mod:`steptp.verify` re-exports every name.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from ..backend.poison import POISON_BITS  # noqa: F401  (re-exported: the table lives below both)
 
 #: Per-dtype ``(rtol, atol)``. An element passes when
 #: ``|out - ref| <= atol * scale + rtol * |ref|`` with ``scale = max(1, rms(ref))`` (the
@@ -189,11 +191,6 @@ def compare_trials(refs, outs, outputs, slacks=None, labels=None) -> tuple[str, 
     return first, max_abs, max_rel
 
 
-#: Poison NaN of each floating point TVM dtype: ``(integer view dtype, bit pattern)``.
-#: Verification runs start every floating point intermediate and output as this NaN, so an
-#: element never written (or computed from one) is recognisable afterwards.
-POISON_BITS = {"float16": ("uint16", 0x7E5D), "bfloat16": ("uint16", 0x7FDD), "float32": ("uint32", 0x7FC0DEAD),
-               "float64": ("uint64", 0x7FF8DEADBEEFDEAD)}
 
 
 def poison_array(shape, dtype: str) -> np.ndarray | None:
