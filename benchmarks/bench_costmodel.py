@@ -66,7 +66,7 @@ def main(argv=None) -> int:
             continue
         train = {g: groups[g] for f in folds[:i] + folds[i + 1:] for g in f}
         test = {g: groups[g] for g in held}
-        m = C.CostModel("cpu", {"seed": a.seed})
+        m = C.LearnedModel("cpu", {"seed": a.seed})
         m.add_pairs(C.pairs_of(train, seed=a.seed))
         m.fit()
         results["model"].append(C.evaluate(test, m.predict, a.k))

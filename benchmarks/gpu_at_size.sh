@@ -4,8 +4,9 @@
 #   1. verifies every entry on the GPU against the CPU references computed on the node and
 #      times each Equal one interleaved with the original (at most ENTRIES_SHARE % of the time),
 #   2. re-times each program's fastest entry (--retime-best 1),
-#   3. runs each re-timed best under compute-sanitizer (memcheck; racecheck where it uses
-#      shared memory), SAN_JOBS at once, SAN_CAP_S each; a finding rejects it,
+#   3. runs each re-timed best under compute-sanitizer (memcheck and initcheck; racecheck and
+#      synccheck where it uses shared memory or barriers), SAN_JOBS at once, SAN_CAP_S each; a
+#      finding rejects it, and a best the tool could check but did not is not reported,
 #   4. measures the baselines per program against our best, interleaved (baselines.jsonl):
 #      eager and ours from Python, eager in a CUDA graph against our kernels (BASE_CAP_S
 #      each), then torch.compile default and max-autotune-no-cudagraphs (COMPILE_CAP_S per

@@ -315,7 +315,7 @@ def test_pack_run_runtime_only_then_merge(sim, tmp_path):
     assert "torch does not import" not in r.stderr
     recs2 = [json.loads(x) for x in (res2 / "results.jsonl").read_text().splitlines()]
     assert len(recs2) == n and all(x["eager"]["eager_us"] > 0 for x in recs2), [x.get("eager") for x in recs2]
-    assert all(x["eager"]["allow_tf32"] == {"matmul": False, "cudnn": False} for x in recs2)
+    assert all(x["eager"]["allow_tf32"] == {"matmul": False, "cudnn": False, "fp16_reduced_reduction": False} for x in recs2)
     assert all(x["eager"]["original_us"] > 0 for x in recs2)
     assert {x["id"] for x in recs2 if not x["transformed"]["equal"]} == {wrong["id"]}
     s2 = json.loads((res2 / "summary.json").read_text())
@@ -520,7 +520,7 @@ def test_node_baselines_sanitizer_and_records_on_the_simulated_device(sim, tmp_p
         assert isinstance(fields[f], float) or (fields[f] is None and fields[f"{f}_reason"]), (f, fields)
     assert b.device == "cuda-sim" and b.dtypes == {s[0]: s[2] for s in m["programs"][b.program]["specs"]}
     assert b.best_us > 0 and b.best_py_us > 0 and b.eager_us > 0 and b.original_us > 0  # CPU figures, labelled
-    assert b.allow_tf32 == {"matmul": False, "cudnn": False} == fields["allow_tf32"]  # IEEE f32 yardsticks
+    assert b.allow_tf32 == {"matmul": False, "cudnn": False, "fp16_reduced_reduction": False} == fields["allow_tf32"]  # IEEE f32 yardsticks
     assert b.best_id is None or (b.best_id in again and again[b.best_id].timing.ci[0] > 1.0)
     assert "simulated" in fields["eager_graph_us_reason"]
     for f in ("compile_us", "compile_s", "compile_autotune_us", "compile_autotune_s"):

@@ -197,7 +197,7 @@ def test_the_node_runs_eager_on_the_programs_parameters_and_records_the_check(no
     assert len(recs) == len(m["entries"]) == 2
     for r in recs.values():
         assert r.eager["eager_params"] == "program" and r.eager["eager_check"] == "equal"
-        assert r.eager["eager_us"] > 0 and r.eager["allow_tf32"] == {"matmul": False, "cudnn": False}
+        assert r.eager["eager_us"] > 0 and r.eager["allow_tf32"] == {"matmul": False, "cudnn": False, "fp16_reduced_reduction": False}
     s = json.loads((res / "summary.json").read_text())
     (p,) = s["programs"]
     assert (p["eager_params"], p["eager_check"]) == ("program", "equal") and p["eager_us"] > 0

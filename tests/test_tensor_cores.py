@@ -100,3 +100,20 @@ def test_a_fragment_without_a_role_is_a_lowering_error():
         "B^{4}_{bx=0}[L^{16}_{i=0}L^{16}_{j=0}[F^{f32,w}_{i,j}=0.0;];L^{16}_{i=0}L^{16}_{j=0}[D^{f32,g}_{bx*16+i,j}=F^{f32,w}_{i,j};];];"
     with pytest.raises(LoweringError, match="fragment F .scope w. has no role"):
         lower_module(parse_leir(text, "norole"), None, "cuda")
+
+
+def test_stp_rules_tiling_lists_the_tensor_core_candidate(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from steptp.cli import app
+
+    (tmp_path / "mm.leir").write_text(_matmul(64).text())
+    res = CliRunner().invoke(app, ["rules", "tiling", str(tmp_path / "mm.leir")])
+    assert res.exit_code == 0, res.output
+    assert "matmul: 1 of 1 GEMM/convolution nest(s) tiled, 1 on tensor cores" in res.output
+    assert "nest 0: on tensor cores in 7 steps: thread_block_rebinding, loop_split" in res.output
+    res = CliRunner().invoke(app, ["rules", "tiling", "--json", str(tmp_path / "mm.leir")])
+    nests = json.loads(res.output)["nests"]
+    assert [n["tensor_cores"] for n in nests] == [False, True] and ",w}" in nests[1]["leir"]

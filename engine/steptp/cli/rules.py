@@ -261,15 +261,20 @@ def rules_tiling(inputs: List[Path] = typer.Argument(..., help=".leir files or d
         name = mod.signature.name or "program"
         if as_json:
             typer.echo(json.dumps({"program": name, "nests": [
-                {"nest": r["nest"], "tiled": "steps" in r,
+                {"nest": r["nest"], "tiled": "steps" in r, "tensor_cores": bool(r.get("tensor_core")),
                  **({"steps": [{k: s[k] for k in ("rule", "site", "params")} for s in r["steps"]],
                      "leir": r["steps"][-1]["leir"]} if "steps" in r else {"reason": r["reason"]})}
                 for r in rep]}))
             continue
-        typer.echo(f"{name}: {sum('steps' in r for r in rep)} of {len(rep)} GEMM/convolution nest(s) tiled")
+        nests = sorted({r["nest"] for r in rep})
+        tiled = {r["nest"] for r in rep if "steps" in r and not r.get("tensor_core")}
+        cores = {r["nest"] for r in rep if r.get("tensor_core")}
+        typer.echo(f"{name}: {len(tiled)} of {len(nests)} GEMM/convolution nest(s) tiled"
+                   + (f", {len(cores)} on tensor cores" if cores else ""))
         for r in rep:
             if "steps" in r:
-                typer.echo(f"  nest {r['nest']}: tiled in {len(r['steps'])} steps: "
+                what = "on tensor cores" if r.get("tensor_core") else "tiled"
+                typer.echo(f"  nest {r['nest']}: {what} in {len(r['steps'])} steps: "
                            + ", ".join(s["rule"] for s in r["steps"]))
             else:
                 typer.echo(f"  nest {r['nest']}: not tiled: {r['reason']}")

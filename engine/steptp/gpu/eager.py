@@ -48,11 +48,16 @@ _TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": 
 def pin_tf32(torch) -> dict:
     """Turn TF32 off for cuBLAS matmuls and cuDNN convolutions (``torch.backends.cuda.matmul.
     allow_tf32``, ``torch.backends.cudnn.allow_tf32``): our f32 kernels compute in IEEE f32, so
-    the yardsticks do too (PyTorch's default lets cuDNN convolutions run in TF32). Returns the
-    settings as recorded in each summary: ``{"matmul": False, "cudnn": False}``."""
+    the yardsticks do too (PyTorch's default lets cuDNN convolutions run in TF32). cuBLAS's
+    reduced-precision f16 reductions (``allow_fp16_reduced_precision_reduction``) are turned off
+    too: our f16 GEMMs accumulate in f32, and eager's output is checked against ours before any
+    timing. Returns the settings as recorded in each summary:
+    ``{"matmul": False, "cudnn": False, "fp16_reduced_reduction": False}``."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32)}
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "cudnn": bool(torch.backends.cudnn.allow_tf32),
+            "fp16_reduced_reduction": bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)}
 
 
 def _load_model(path: Path, device: str):
