@@ -7,7 +7,7 @@ that). Each run starts from an unloaded program (facts inserted, analyses satura
 lists the candidates (sites x parameters) of every rule of a fresh copy of the program; the
 script prints the median over --repeat runs, the shared load time and each rule's own time.
 The garbage collector is set as in the engine's worker processes
-(:func:`steptp.engine.service.settle_heap`). Targets (issue 26): all 43
+(:func:`steptp.rules.service.settle_heap`). Targets (issue 26): all 43
 rules within 100 ms on ~30 nests and within 400 ms on ~120 nests. It also times a
 many-clause probe rule (four consecutive nests, 19 clauses) on both programs.
 
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     big = replicate(small, 4)
     match_cost(rules, small, 1, candidates=True)  # warm-up: rule texts loaded into the e-graph, imports done
     # the collector as in the engine's worker processes (engine service, stp dataset)
-    from steptp.engine.service import GC_THRESHOLDS, settle_heap
+    from steptp.rules.service import GC_THRESHOLDS, settle_heap
 
     settle_heap()
     print(f"(gc: start-up heap frozen, thresholds {GC_THRESHOLDS}, as in the engine's worker processes)")

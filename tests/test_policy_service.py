@@ -1,4 +1,4 @@
-"""The engine service (steptp.engine.service) and the one Policy protocol (steptp.policy),
+"""The engine service (steptp.rules.service) and the one Policy protocol (steptp.policy),
 issue 27: one seeded generator, one bounded engine call, one EnginePolicy / LLMPolicy /
 ReplayPolicy shared by stp search and stp eval. LLM paths talk to a real OpenAI-compatible
 HTTP server on 127.0.0.1 (tests/openai_stub.py)."""
@@ -13,7 +13,7 @@ import pytest
 
 from openai_stub import OpenAIStub, closed_port
 
-from steptp.engine.service import EngineService, bounded
+from steptp.rules.service import EngineService, bounded
 from steptp.seeds import seeded_rng
 from steptp.leir import format_program, load_leir
 from steptp.llm import ChatClient, single_label, single_prompt

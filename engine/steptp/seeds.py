@@ -18,7 +18,7 @@ Users: ``stp dataset`` (candidate order ``(seed, program key, rule id)``, derive
 :func:`steptp.engine.apply_rule` (``(seed, rule id)``: site and parameters;
 ``(seed, rule id, "retry")``: the order of the candidates tried after a GPU-preflight
 rejection), the engine policy (:mod:`steptp.policy`), the recogniser of ``stp eval``
-(through :mod:`steptp.engine.service`), the cost model's samples
+(through :mod:`steptp.rules.service`), the cost model's samples
 (:mod:`steptp.cost_model.learned`) and the evolutionary search. One exception: ``stp rules
 coverage`` draws with ``(seed, rule id, program name)``, rule before program, as it always
 has, so its tables stay unchanged. The dataset's chat-set filters and mutants

@@ -224,7 +224,7 @@ def _prefetch_sites(rules: list, module: LeirModule, opts: Options) -> None:
     (:func:`steptp.engine.match.prefetch_sites`), within one rule's time limit; if the batch
     fails or runs out of time, each rule lists its own sites (and reports its own error)."""
     from ..engine.match import prefetch_sites
-    from ..engine.service import bounded
+    from ..rules.service import bounded
 
     try:
         bounded(prefetch_sites, rules, module, time_s=opts.timeout_s if opts.isolated else 0,
@@ -247,7 +247,7 @@ class _RuleRun:
     def __init__(self, rule, module: LeirModule, src: Source, opts: Options, key: str | None = None,
                  parent_key: str | None = None):
         from ..engine import NoMatch, list_candidates
-        from ..engine.service import bounded
+        from ..rules.service import bounded
         from ..seeds import seeded_rng
 
         self.rule, self.module, self.opts = rule, module, opts
@@ -283,7 +283,7 @@ class _RuleRun:
         errors, repeated programs and steps back to the parent recorded and skipped), or
         None when no more are wanted or left. Counts the try."""
         from ..engine import apply_rule
-        from ..engine.service import bounded
+        from ..rules.service import bounded
 
         opts, rule = self.opts, self.rule
         while self._wants():
@@ -751,8 +751,8 @@ def process_safe(src: Source, opts: Options) -> ProgramResult:
 def process_batch_safe(srcs: list[Source], opts: Options) -> list[ProgramResult]:
     """:func:`process_batch` that never raises: after an unexpected crash the programs are
     redone one by one (:func:`process_safe`), so the crash costs only the program behind it.
-    The process's collector is tuned once (:func:`steptp.engine.service.settle_heap`)."""
-    from ..engine.service import settle_heap
+    The process's collector is tuned once (:func:`steptp.rules.service.settle_heap`)."""
+    from ..rules.service import settle_heap
 
     settle_heap()
     try:

@@ -4,7 +4,7 @@ For a program, every rule's candidates (sites x parameters,
 :func:`steptp.engine.list_candidates`) are applied (:func:`steptp.engine.apply_rule`) and
 the canonical LEIR text of each result (:func:`steptp.leir.printer.format_program`) is
 remembered. An answer is *recognised* as rule R when its canonical text equals one of R's
-results. The work runs in the engine service (:class:`steptp.engine.service.EngineService`:
+results. The work runs in the engine service (:class:`steptp.rules.service.EngineService`:
 a worker process with a time and a memory limit) and is bounded (``max_candidates`` per
 rule, ``time_s`` per program, ``rule_time_s`` per rule, checked between candidates; a rule
 that raises or exceeds a limit costs only that rule) and cached per program text, so many
@@ -31,7 +31,7 @@ class Recognizer:
 
     def __init__(self, rules=None, max_candidates: int = 64, time_s: float = 30.0, cache_size: int = 16,
                  seed: int = 0, rule_time_s: float = 5.0, isolated: bool = True):
-        from ..engine.service import EngineService
+        from ..rules.service import EngineService
         from ..policy import StrategyNames
 
         if rules is None:

@@ -9,7 +9,7 @@ eval case (:class:`steptp.eval.policies.Case`: ``id``, ``source``, ``prompt``, .
 ``history`` is the path root..parent of ``program`` (empty for the root, for the
 chain-without-parent algorithm and in eval).
 
-* :class:`EnginePolicy`: the rule engine, through :class:`steptp.engine.service.EngineService`
+* :class:`EnginePolicy`: the rule engine, through :class:`steptp.rules.service.EngineService`
   (a worker process with time and memory limits). ``pick="candidate"`` (search): every rule
   x site x parameter that applies is a candidate, at most ``per_rule`` (a seeded sample) per
   rule; ``k`` of them are drawn with the seed (``rank="random"``) or the ``k`` with the

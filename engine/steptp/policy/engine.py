@@ -63,7 +63,7 @@ class EnginePolicy:
     would cut every proposal through it to one prefix).
     ``apply_timeout_s`` (seconds per application), ``list_timeout_s`` (to count a program's
     candidates), ``mem_bytes`` (the worker's address space) and ``isolated`` go to
-    :class:`~steptp.engine.service.EngineService`; work over a limit is skipped and counted
+    :class:`~steptp.rules.service.EngineService`; work over a limit is skipped and counted
     in :attr:`skipped`.
 
     :meth:`propose` takes an optional ``draw`` key: the draw's generator is
@@ -76,7 +76,7 @@ class EnginePolicy:
                  list_timeout_s: float = 120.0, mem_bytes: int = 3 << 30, cache_size: int = 256,
                  isolated: bool = True, skip_binding_only: bool = False, macros: bool = False,
                  macro_steps: int = 48, lookahead: int = 1, expand: int = 3, check=None):
-        from ..engine.service import EngineService
+        from ..rules.service import EngineService
 
         if rank not in ("random", "cost"):
             raise ValueError(f"rank must be 'random' or 'cost', not {rank!r}")

@@ -423,10 +423,10 @@ def coverage(rules, programs: list[LeirModule], per_program: int = 3, seed: int 
     a site whose rewrite the GPU preflight rejects (e.g. a threadIdx.x loop that would
     write elements other iterations write) is not a step of the rule, so it is neither
     tried nor a failure. Candidates are listed and applied through the engine service
-    (:class:`steptp.engine.service.EngineService`, in this process, no time limit); the
+    (:class:`steptp.rules.service.EngineService`, in this process, no time limit); the
     order is drawn with ``seeded_rng(seed, rule id, program name)`` (:mod:`steptp.seeds`; rule before
     program, the one exception to its order, kept so that coverage tables stay unchanged)."""
-    from ..engine.service import EngineService
+    from .service import EngineService
     from ..seeds import seeded_rng
     from ..verify import verify_pair
 

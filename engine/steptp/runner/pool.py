@@ -11,7 +11,7 @@ is constructed nowhere else in the package's front ends):
 * ``close_all()`` - stop every worker of this process (also registered with ``atexit``).
 
 Kinds in use: ``"rewards"`` (:mod:`steptp.rewards`: a trainer's completions), ``"verify"`` (builds and runs of :func:`steptp.verify.verify_pair`: ``stp
-verify``, ``dataset``, ``eval``, ``search``), ``"engine"`` (:class:`steptp.engine.service.EngineService`:
+verify``, ``dataset``, ``eval``, ``search``), ``"engine"`` (:class:`steptp.rules.service.EngineService`:
 rule listing and application under an address-space limit, kept apart because that limit
 stays on the process), ``"gpu-run:<thread>"`` / ``"gpu-ref:<thread>"`` (:mod:`steptp.gpu.run`: one
 GPU worker per thread, pinned to its GPU, and one CPU reference worker per thread),

@@ -89,7 +89,7 @@ class Node:
 
     def record(self) -> dict:
         """One ``tree.jsonl`` line."""
-        from ..engine.service import plain  # the engine package loads egglog: only when recording
+        from ..engine.jsonify import plain  # the engine package loads egglog: only when recording
         from ..policy.steps import steps_to_records
 
         return {"id": self.id, "parent": self.parent, "depth": self.depth, "status": self.status,

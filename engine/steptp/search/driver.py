@@ -25,7 +25,7 @@ def _strategy_names(strategy: str | None) -> list[str]:
 
 def summarize(s: Search, cfg: SearchConfig, name: str, source: str, seconds: float) -> dict:
     """The ``summary.json`` dict of a finished search."""
-    from ..engine.service import plain
+    from ..engine.jsonify import plain
 
     traj = s.trajectory()
     strategies = sorted({x for n in traj[1:] for x in _strategy_names(n.strategy)})

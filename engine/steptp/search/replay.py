@@ -34,7 +34,7 @@ def proposal_record(p: Proposal) -> dict:
     """A JSON-ready record of one proposal (``leir``: canonical program text, None when the
     answer could not be read). A multi-step proposal's steps are written as records in
     ``info["steps"]`` (after ``info["rule"]``), where caches have always held them."""
-    from ..engine.service import plain  # noqa: PLC0415
+    from ..engine.jsonify import plain  # noqa: PLC0415
 
     info = dict(p.info)
     if p.steps:

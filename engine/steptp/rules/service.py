@@ -16,6 +16,9 @@ The worker-side functions (:func:`count_candidates`, :func:`apply_candidate`,
 :func:`rule_results`) are module-level (pickled by reference) and take and return plain
 data: LEIR texts with their ``%`` header, a rule-set spec, rule ids, candidate indices.
 The worker keeps the loaded rules and the candidate lists per (program, rule).
+
+It lives in ``rules/``, above the engine (issue 53): it loads rule files for its worker,
+so in ``engine/`` it made the engine and the rules import each other.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..engine.jsonify import plain  # noqa: F401  (re-exported: callers import it from here)
 from ..seeds import seeded_rng
-from .jsonify import plain  # noqa: F401  (re-exported: callers import it from here)
 
 
 def bounded(fn: Callable, *args, time_s: float = 0.0, what: str = "engine work", **kwargs):
@@ -62,7 +65,7 @@ def _rules(spec: tuple) -> dict:
     """``{id: rule}`` of a rule-set spec: ``("dir", path or None)`` or ``("files", paths)``."""
     hit = _STATE["rules"].get(spec)
     if hit is None:
-        from ..rules import load_rule, load_rules
+        from . import load_rule, load_rules
 
         rules = load_rules(spec[1]) if spec[0] == "dir" else [load_rule(p) for p in spec[1]]
         hit = _STATE["rules"][spec] = {r.id: r for r in rules}
@@ -151,7 +154,7 @@ def count_candidates(spec: tuple, text: str, rule_ids: list[str], check: bool = 
     module = None
     todo = [rid for rid in rule_ids if (spec, text, rid, check) not in _STATE["cands"]]
     if todo:
-        from .match import prefetch_sites
+        from ..engine.match import prefetch_sites
 
         try:  # every rule's query in one batch; on failure each rule is listed (and fails) alone
             module = _module(text)
@@ -194,7 +197,7 @@ def macro_candidates(spec: tuple, text: str, seed: int, per_rule: int, max_steps
     (:func:`steptp.engine.macros.macro_proposals`): ``("ok", [[step, ...], ...])`` (each step
     ``{"rule", "site", "params", "leir"}``) or ``("memory", reason)``."""
     _limit(mem_bytes)
-    from .macros import macro_proposals
+    from ..engine.macros import macro_proposals
 
     try:
         return ("ok", macro_proposals(list(_rules(spec).values()), _module(text), seed, per_rule, max_steps))
