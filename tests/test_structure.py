@@ -1,5 +1,6 @@
-"""The package's shape stays readable (issues 18 and 35): no import cycle inside ``steptp``,
-no module over 1,000 lines, the spine's lower layers (``runner/``, ``backend/``) import
+"""The package's shape stays readable (issues 18, 35 and 53): no import cycle inside ``steptp``,
+the packages in a layer order held as data (:data:`LAYERS`: no import up the order, no two
+packages importing each other), no module over 1,000 lines, the spine's lower layers (``runner/``, ``backend/``) import
 nothing from the layers above them, and the spine's shared names are defined once.
 
 A small AST pass over ``engine/steptp`` reads every import, function-level ones included,
@@ -119,6 +120,90 @@ def test_no_import_cycles():
 def test_no_import_cycles_through_package_inits():
     found = cycles(import_graph(with_packages=True))
     assert found == [], "import cycles inside steptp: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+#: The package layer order, lowest first (issue 53): each entry is a subpackage of ``steptp``
+#: or one of its top-level modules (``steptp`` itself is its ``__init__``). A package may
+#: import its own layer and the layers below it, never one above, and no two packages import
+#: each other (so the package-level import graph is acyclic). A new package is placed here.
+LAYERS: list[tuple[str, ...]] = [
+    ("steptp", "steptp.seeds", "steptp.io", "steptp.faults", "steptp.resources", "steptp.timelimit"),
+    ("steptp.leir",),
+    ("steptp.roofline", "steptp.backend"),   # backend.poison: the NaN table the runner compares with
+    ("steptp.cost_model",),
+    ("steptp.runner",),
+    ("steptp.verify", "steptp.engine"),
+    ("steptp.frontend", "steptp.llm"),       # llm.format: the chat format the dataset writes
+    ("steptp.programs", "steptp.gpu"),
+    ("steptp.rules",),                       # rules.service: the engine service, which loads rules
+    ("steptp.dataset", "steptp.policy", "steptp.rewards"),   # dataset.testset: stp testset's cases
+    ("steptp.search",),
+    ("steptp.eval",),
+    ("steptp.cli",),
+]
+
+
+def package_of(module: str) -> str:
+    """``steptp.x`` of a module ``steptp.x[.y...]`` (``steptp`` for the package's own ``__init__``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, set[tuple[str, str]]]]:
+    """``{package: {imported package: {(module, imported module), ...}}}`` of a module graph,
+    edges inside one package left out."""
+    out: dict[str, dict[str, set[tuple[str, str]]]] = {}
+    for m, deps in graph.items():
+        row = out.setdefault(package_of(m), {})
+        for d in deps:
+            if package_of(d) != package_of(m):
+                row.setdefault(package_of(d), set()).add((m, d))
+    return out
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[tuple[str, ...]]) -> list[str]:
+    """Every package import that goes up the layer order, and every pair of packages that
+    import each other, as sentences naming the modules."""
+    rank = {p: i for i, layer in enumerate(layers) for p in layer}
+    pg = package_graph(graph)
+    bad = []
+    for a, row in sorted(pg.items()):
+        for b, why in sorted(row.items()):
+            if rank[b] > rank[a]:
+                bad.append(f"{a} (layer {rank[a]}) imports {b} (layer {rank[b]}): "
+                           + ", ".join(f"{m} -> {d}" for m, d in sorted(why)))
+            if a < b and a in pg.get(b, {}):
+                bad.append(f"{a} and {b} import each other")
+    return bad
+
+
+def test_the_package_layer_order_holds():
+    g = import_graph(with_packages=True)
+    listed = [p for layer in LAYERS for p in layer]
+    assert len(listed) == len(set(listed)), "a package is listed in two layers"
+    assert {package_of(m) for m in g} == set(listed), \
+        f"packages not in LAYERS: {sorted({package_of(m) for m in g} - set(listed))}; " \
+        f"listed but gone: {sorted(set(listed) - {package_of(m) for m in g})}"
+    bad = layer_violations(g, LAYERS)
+    assert bad == [], "package imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_the_package_graph_is_acyclic():
+    g = import_graph(with_packages=True)
+    pg = {a: set(row) for a, row in package_graph(g).items()}
+    found = cycles(pg)
+    assert found == [], "package import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_layer_order_check_sees_an_upward_and_a_mutual_import():
+    """A fabricated graph: one lazy upward import and two packages of one layer that import
+    each other are both named."""
+    layers = [("steptp.a", "steptp.b"), ("steptp.c",)]
+    g = {"steptp.a.x": {"steptp.c.y"}, "steptp.c.y": set(), "steptp.a.z": {"steptp.b"},
+         "steptp.b": {"steptp.a.x"}}
+    bad = layer_violations(g, layers)
+    assert sorted(bad) == ["steptp.a (layer 0) imports steptp.c (layer 1): steptp.a.x -> steptp.c.y",
+                           "steptp.a and steptp.b import each other"]
+    assert layer_violations({"steptp.c.y": {"steptp.a.x"}, "steptp.a.x": set()}, layers) == []
 
 
 #: What the spine's lower layers may not import, lazily or not (issue 35).

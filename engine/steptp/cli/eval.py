@@ -103,7 +103,7 @@ def testset(inputs: List[Path] = typer.Argument(..., help=".py model files, .lei
     """Build held-out single-step cases: dtype variants (f16/f32/f64) of every program and, for
     stp corpus programs, shape variants (the program type redrawn with other seeds). With --exclude,
     exit 1 and write nothing when a case occurs in the training dataset."""
-    from ..eval.testset import OverlapError, TestsetError, build_testset
+    from ..dataset.testset import OverlapError, TestsetError, build_testset
 
     try:
         m = build_testset([str(i) for i in inputs], outdir, variants=variants, exclude=exclude,

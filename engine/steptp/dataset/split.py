@@ -35,7 +35,7 @@ Then it is counted once more, independently: types, prompts, alpha-equivalent pr
 test cases found in train (exactly, as ``stp testset --exclude`` looks, or up to renaming) must
 all be 0 (:class:`LeakError` otherwise, which the construction rules out).
 
-**The test cases** (``OUT/testset/``): :func:`steptp.eval.testset.build_testset` on the held-out
+**The test cases** (``OUT/testset/``): :func:`steptp.dataset.testset.build_testset` on the held-out
 source programs (dtype variants and, for corpus programs, shape variants), with the train
 records' entries as its ``exclude``. A source file that is no longer where the dataset found it
 (or whose bytes changed) is replaced by its original LEIR from the dictionary (dtype variants
@@ -302,7 +302,7 @@ def _testset(ds: _Dataset, test: set[str], train_entries: list[dict], outdir: Pa
              progress: bool) -> tuple[dict, dict[str, str]]:
     """Build ``outdir`` (``stp testset``'s format) for the held-out source programs; returns
     its manifest and the alpha key of every case (-> a description)."""
-    from ..eval.testset import build_testset
+    from .testset import build_testset
     from ..io import write_jsonl_atomic
     from ..leir.fileformat import LeirModule, load_leir, save_leir
     from ..leir.parser import parse_program

@@ -3,7 +3,7 @@
 Every failure (no ``<answer>`` block, garbage, oversized or deeply nested JSON, a
 non-LEIR or ill-fitting ``transformed_IR``, wrong tensor names, shapes or dtypes) becomes a
 reason string, never an exception: :func:`parse_single` for the single-answer format
-(wraps :func:`steptp.dataset.chat.parse_answer`), :func:`parse_candidates` for answers
+(wraps :func:`steptp.llm.format.parse_answer`), :func:`parse_candidates` for answers
 holding several candidate IRs (JSON entries with ``idx``, ``transformed_IR`` and
 ``applied_strategy`` or ``applied_strategies``), each candidate judged on its own.
 """
@@ -49,11 +49,11 @@ def _module_of(ir: str, sig: Signature) -> LeirModule:
 
 
 def parse_single(text, signature) -> Candidate:
-    """Read a single-answer output: the first item of :func:`~steptp.dataset.chat.parse_answer`
+    """Read a single-answer output: the first item of :func:`~steptp.llm.format.parse_answer`
     with ``signature`` (a :class:`~steptp.leir.fileformat.Signature` or an entry's signature
     dict). Never raises: a failure is a :class:`Candidate` with ``module`` None and the
     reason (a list with several items is scored by its first; the reason then stays '')."""
-    from ..dataset.chat import AnswerError, parse_answer
+    from .format import AnswerError, parse_answer
 
     sig = _signature(signature)
     try:
@@ -74,7 +74,7 @@ def parse_candidates(text, signature, max_items: int = 64) -> tuple[list[Candida
     ``reason`` is '' or why nothing could be read (no block, invalid JSON...); each candidate
     has its own reason. Strategy key ``applied_strategy`` or ``applied_strategies`` (string or
     list of strings, joined with ``, ``). At most ``max_items`` items are read. Never raises."""
-    from ..dataset.chat import AnswerError, answer_payload, parse_answer
+    from .format import AnswerError, answer_payload, parse_answer
 
     try:
         sig = _signature(signature)
@@ -117,7 +117,7 @@ def parse_candidates(text, signature, max_items: int = 64) -> tuple[list[Candida
 
 def _claimed(text) -> str:
     """Best-effort claimed strategy of an answer that failed (for the claimed-vs-recognised table)."""
-    from ..dataset.chat import answer_payload
+    from .format import answer_payload
 
     try:
         data = answer_payload(text)
