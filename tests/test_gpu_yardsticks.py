@@ -385,3 +385,29 @@ def test_no_verdict_anywhere_means_no_best_and_no_tool_means_unchecked(node_run,
     assert best[okey][0]["id"] == fast and verdicts[okey] == san.UNCHECKED_NO_TOOL == "unchecked: no compute-sanitizer"
     (p,) = summarize(res2 / "results.jsonl", m)["programs"]
     assert (p["best_id"], p["best_sanitizer"]) == (fast, san.UNCHECKED_NO_TOOL)
+
+
+def test_the_search_reads_the_nodes_sanitizer_gate(node_run, tmp_path, monkeypatch):
+    """The node writes each re-timed record's sanitizer gate (``gate_retimed``), and the search
+    side (``runner.pack._measure_result``, what ``stp search`` reads back) takes no best the
+    gate refuses: on the simulated device the best stands, labelled unchecked; on a GPU node
+    whose compute-sanitizer gave no verdict it is no best; on one without the tool it stands,
+    labelled so."""
+    from steptp.gpu.run import gate_retimed
+    from steptp.runner.pack import _measure_result
+
+    sim = [r for r in read_entries(node_run["res"] / "retime.jsonl").values() if r.status == "equal"]
+    assert sim and all(r.sanitizer_gate == san.UNCHECKED_SIMULATED for r in sim)
+    assert all(_measure_result(r).status == "equal" for r in sim)
+    res, fast, slow = _node_results(node_run, tmp_path)
+    _real_node(monkeypatch, _stand_in(tmp_path), tmp_path)          # the tool exists, was not run
+    assert gate_retimed(res) == 2
+    again = read_entries(res / "retime.jsonl")
+    got = _measure_result(again[fast])
+    assert again[fast].sanitizer_gate == "none" and got.status == "sanitizer"
+    assert "no compute-sanitizer verdict where the tool exists" in got.reason
+    _real_node(monkeypatch, None, tmp_path)                           # no tool on this node
+    gate_retimed(res)
+    again = read_entries(res / "retime.jsonl")
+    assert again[fast].sanitizer_gate == san.UNCHECKED_NO_TOOL
+    assert _measure_result(again[fast]).status == "equal"

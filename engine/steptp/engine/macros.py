@@ -8,7 +8,7 @@ trajectories stay step-level. No verification, TVM or search code here: the rule
 :mod:`steptp.engine`, the chains' order by the static GPU model (:mod:`steptp.cost_model`).
 
 :func:`macro_proposals` is what the engine service's worker runs
-(:func:`steptp.engine.service.macro_candidates`)."""
+(:func:`steptp.rules.service.macro_candidates`)."""
 
 from __future__ import annotations
 

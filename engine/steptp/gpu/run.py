@@ -647,6 +647,28 @@ def _rechoose(out: Path, m: dict, s: dict) -> None:
         rs.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
+def gate_retimed(out: Path) -> int:
+    """Write each Equal re-timed record's :attr:`~steptp.runner.record.EntryRecord.sanitizer_gate`
+    (:func:`steptp.gpu.sanitizer.best_verdict` under this node's :func:`unchecked_label`;
+    ``none`` where it may not be a best) into ``OUT/retime.jsonl``, so the search reading the
+    results reports a best only with a clean verdict where the tool exists (issue gpu-reach).
+    Returns the number of records gated."""
+    from ..runner.record import read_entries, write_jsonl  # noqa: PLC0415
+    from .sanitizer import best_verdict, unchecked_label  # noqa: PLC0415
+
+    rt = out / "retime.jsonl"
+    recs = read_entries(rt)
+    label = unchecked_label()
+    n = 0
+    for r in recs.values():
+        if r.status == "equal":
+            r.sanitizer_gate = best_verdict(r, label) or "none"
+            n += 1
+    if n:
+        write_jsonl(rt, recs.values())
+    return n
+
+
 def _session(a, s: dict, t0: float) -> None:
     """The sanitizer and baseline phases of :func:`main` (:mod:`steptp.gpu.session`), under
     the run's deadline; their summaries join ``summary.json`` and ``report.md``."""
@@ -760,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           "wall_seconds")}
                     (Path(a.out) / "summary.json").write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
         _session(a, s, t0)
+        if (Path(a.out) / "retime.jsonl").is_file():
+            gate_retimed(Path(a.out))
     except (PackRunError, SchemaError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -228,7 +228,9 @@ def _read_results(d: Path):
 
 def _measure_result(rec, baselines=None) -> MeasureResult:
     """What a node record (:class:`steptp.runner.record.EntryRecord`) says of one entry:
-    ``equal`` only when Equal on the device, not rejected by compute-sanitizer, and timed;
+    ``equal`` only when Equal on the device, not rejected by compute-sanitizer, and timed (a
+    re-timed best the node's sanitizer gate refused, ``sanitizer_gate == "none"``: the tool
+    exists there and gave no clean verdict, answers ``sanitizer`` with that reason);
     ``extra``: the device, PyTorch eager beside the original, the sanitizer verdict and, for a
     program's re-timed best, its baselines' summary fields
     (:meth:`steptp.runner.record.ProgramBaselines.summary_fields`)."""
@@ -236,11 +238,17 @@ def _measure_result(rec, baselines=None) -> MeasureResult:
     st = rec.status
     ok = st == "equal" and t is not None and t.speedup is not None
     status = "equal" if ok else ("timing_failed" if st == "equal" else st)
+    reason = "" if ok else (rec.reason or "not measured")
+    if ok and rec.sanitizer_gate == "none":
+        # the node has compute-sanitizer and it gave this entry no clean verdict: no best
+        status, reason = "sanitizer", ("no compute-sanitizer verdict where the tool exists ("
+                                       + (rec.sanitizer_reason or "not run") + ")")
     return MeasureResult(status, None if t is None else t.transformed_us, None if t is None else t.original_us,
                          None if t is None else t.speedup, None if t is None else t.ci,
-                         None if t is None else t.verdict, reason="" if ok else (rec.reason or "not measured"),
+                         None if t is None else t.verdict, reason=reason,
                          extra={"device": None if t is None else t.device, "eager": rec.eager,
                                 "device_name": rec.device_name, "sanitizer_clean": rec.sanitizer_clean(),
+                                "sanitizer_gate": rec.sanitizer_gate,
                                 **({"baselines": baselines.summary_fields()} if baselines is not None else {})})
 
 

@@ -148,6 +148,11 @@ class EntryRecord:
     agree: bool | None = None
     unchecked: bool = False
     retried: str = ""
+    #: For a re-timed record (``retime.jsonl``): the node's verdict under which it may be its
+    #: program's best (:func:`steptp.gpu.sanitizer.best_verdict`): ``clean``, an ``unchecked:
+    #: ...`` label where no compute-sanitizer can run, ``none`` where the tool exists and gave
+    #: no clean verdict (not run, capped, a finding); ``""``: not decided (no gate).
+    sanitizer_gate: str = ""
     build_failed: str = ""
     seconds_check: float = 0.0
     seconds_time: float = 0.0
