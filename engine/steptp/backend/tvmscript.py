@@ -683,7 +683,9 @@ class _Emitter:
             self.out(d, f"T.tvm_load_matrix_sync({buf[t.name]}.data, 16, 16, 16, 0, T.tvm_access_ptr("
                         f'T.type_annotation("{self.types[v.name]}"), {buf[v.name]}.data, {off}, {ext}, 1), {ld}, '
                         f'"{layout}")')
-        elif t.scope == "w" and len(lv) == 3 and self.fragments.get(t.name) == "wmma.accumulator":
+        elif (t.scope == "w" and len(lv) == 3 and self.fragments.get(t.name) == "wmma.accumulator"
+              and isinstance(v, A.BinOp) and v.op == "+" and isinstance(v.rhs, A.BinOp) and v.rhs.op == "*"
+              and isinstance(v.rhs.lhs, A.Tensor) and isinstance(v.rhs.rhs, A.Tensor)):
             x, y = v.rhs.lhs, v.rhs.rhs
             if (x.indices, y.indices) != ((A.Index(lv[0]), A.Index(lv[2])), (A.Index(lv[2]), A.Index(lv[1]))):
                 raise LoweringError(f"the multiply-accumulate must read {x.name}[i, k] and {y.name}[k, j] over its "

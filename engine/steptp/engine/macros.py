@@ -519,7 +519,8 @@ def tensor_core_sequence(k: int, nest) -> tuple[list | None, str | None]:
     output tiles per block (rows on ``blockIdx.x``, columns on ``blockIdx.y``, the batch on
     ``blockIdx.z``), the reduction split into steps of 16 (``loop_split`` of each loop by 16,
     ``loop_reorder`` to ``[blocks, ko, i, j, k]``, ``loop_binding``); or ``(None, reason)``.
-    Rows, columns and the reduction must be multiples of 16 (the wmma shape)."""
+    Rows, columns and the reduction must be multiples of 16 (the wmma shape) and at least 32
+    (``loop_split`` splits by a proper divisor)."""
     form = _gemm_form(nest)
     if form is None or form[2] != 0:
         return None, "not a GEMM with one reduction loop"
@@ -531,7 +532,8 @@ def tensor_core_sequence(k: int, nest) -> tuple[list | None, str | None]:
     ext = [lp.extent for lp in nest.loops]
     o = 1 if batch else 0
     if any(e % 16 or e < 32 for e in ext[o:]):
-        return None, f"tensor cores: rows, columns and the reduction must be multiples of 16 (extents {ext})"
+        return None, (f"tensor cores: rows, columns and the reduction must be multiples of 16, at least 32 "
+                      f"(extents {ext})")
     n = [k]
     seq: list = []
     if batch:
