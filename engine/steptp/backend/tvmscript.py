@@ -271,7 +271,7 @@ class _Emitter:
         self.wide = False                                  # the current equation writes a fragment (w)
         self.fragments = fragment_scopes(prog, info, target)
         self.warp_kernels = {id(n) for n in prog.nests
-                             if target == "cuda" and any(t.scope == "w" for t in _tensors_in(n))}
+                             if target == "cuda" and _uses_fragments(n)}
         self.types = {n: tvm_dtype(dt) for n, (dt, _s) in info.types.items()}
         for t in sig.tensors:
             self.types[t.name] = tvm_dtype(t.dtype)
@@ -683,10 +683,8 @@ class _Emitter:
             self.out(d, f"T.tvm_load_matrix_sync({buf[t.name]}.data, 16, 16, 16, 0, T.tvm_access_ptr("
                         f'T.type_annotation("{self.types[v.name]}"), {buf[v.name]}.data, {off}, {ext}, 1), {ld}, '
                         f'"{layout}")')
-        elif (t.scope == "w" and len(lv) == 3 and self.fragments.get(t.name) == "wmma.accumulator"
-              and isinstance(v, A.BinOp) and v.op == "+" and isinstance(v.rhs, A.BinOp) and v.rhs.op == "*"
-              and isinstance(v.rhs.lhs, A.Tensor) and isinstance(v.rhs.rhs, A.Tensor)):
-            x, y = v.rhs.lhs, v.rhs.rhs
+        elif len(lv) == 3 and (factors := _mma_factors(eq)) is not None:
+            x, y = factors
             if (x.indices, y.indices) != ((A.Index(lv[0]), A.Index(lv[2])), (A.Index(lv[2]), A.Index(lv[1]))):
                 raise LoweringError(f"the multiply-accumulate must read {x.name}[i, k] and {y.name}[k, j] over its "
                                     f"loops i, j, k{self._where()}")
@@ -762,13 +760,21 @@ class _Emitter:
 WARP_SIZE = 32  # lanes of a CUDA warp (the one warp of a tensor-core kernel's block)
 
 
-def _tensors_in(nest: A.Nest):
-    for item in nest.body:
-        if isinstance(item, A.Nest):
-            yield from _tensors_in(item)
-        else:
-            yield item.target
-            yield from (x for x in A.walk(item.value) if isinstance(x, A.Tensor))
+def _uses_fragments(nest: A.Nest) -> bool:
+    """Whether an equation inside ``nest`` writes or reads a fragment (scope ``w``)."""
+    return any(t.scope == "w" for _, eq in nest.equations() for t in (eq.target, *tensor_refs(eq.value)))
+
+
+def _mma_factors(eq: A.Assign) -> tuple[A.Tensor, A.Tensor] | None:
+    """``(X, Y)`` when ``eq`` is a fragment multiply-accumulate ``F = F + X*Y`` with ``F``,
+    ``X`` and ``Y`` fragments (scope ``w``), else None."""
+    t, v = eq.target, eq.value
+    if not (t.scope == "w" and isinstance(v, A.BinOp) and v.op == "+" and isinstance(v.lhs, A.Tensor)
+            and v.lhs.name == t.name and isinstance(v.rhs, A.BinOp) and v.rhs.op == "*"):
+        return None
+    x, y = v.rhs.lhs, v.rhs.rhs
+    ok = isinstance(x, A.Tensor) and isinstance(y, A.Tensor) and x.scope == "w" and y.scope == "w"
+    return (x, y) if ok else None
 
 
 def _block_lead(nest: A.Nest) -> int:
@@ -783,8 +789,7 @@ def is_fragment_op(nest: A.Nest) -> bool:
     """Whether ``nest`` is one tensor-core operation: two or three serial loops of 16 around
     one equation that reads or writes a fragment (scope ``w``)."""
     return (len(nest.loops) in (2, 3) and all(l.extent == 16 and l.kind in ("L", "U") for l in nest.loops)
-            and len(nest.body) == 1 and isinstance(nest.body[0], A.Assign)
-            and any(t.scope == "w" for t in _tensors_in(nest)))
+            and len(nest.body) == 1 and isinstance(nest.body[0], A.Assign) and _uses_fragments(nest))
 
 
 def fragment_scopes(prog: A.Program, info: ProgramInfo, target: str) -> dict[str, str]:
@@ -801,23 +806,12 @@ def fragment_scopes(prog: A.Program, info: ProgramInfo, target: str) -> dict[str
         return {n: "local" for n in frags}
     roles: dict[str, set[str]] = {n: set() for n in frags}
 
-    def visit(nest: A.Nest) -> None:
-        for item in nest.body:
-            if isinstance(item, A.Nest):
-                visit(item)
-                continue
-            t, v = item.target, item.value
-            if t.scope != "w" or not (isinstance(v, A.BinOp) and v.op == "+" and isinstance(v.rhs, A.BinOp)
-                                      and v.rhs.op == "*" and isinstance(v.lhs, A.Tensor) and v.lhs.name == t.name):
-                continue
-            x, y = v.rhs.lhs, v.rhs.rhs
-            if isinstance(x, A.Tensor) and isinstance(y, A.Tensor) and x.scope == "w" and y.scope == "w":
-                roles[t.name].add("wmma.accumulator")
-                roles[x.name].add("wmma.matrix_a")
-                roles[y.name].add("wmma.matrix_b")
-
-    for nest in prog.nests:
-        visit(nest)
+    for _, eq in prog.equations():
+        factors = _mma_factors(eq)
+        if factors is not None:
+            roles[eq.target.name].add("wmma.accumulator")
+            roles[factors[0].name].add("wmma.matrix_a")
+            roles[factors[1].name].add("wmma.matrix_b")
     out = {}
     for n, r in roles.items():
         if len(r) != 1:

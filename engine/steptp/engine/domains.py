@@ -167,7 +167,7 @@ def _compile(t) -> Callable:
         qx, qy = _rational(x), _rational(y)
         if qx is None or qy is None:
             raise ValueExprError(f"arithmetic on non-numbers {x!r} {op} {y!r}")
-        return _arith_q(op, qx, qy)
+        return _arith(op, qx, qy)
     return f_op
 
 
@@ -185,32 +185,23 @@ def _rational(v) -> Fraction | None:
     return None
 
 
-def _arith_q(op: str, a: Fraction, b: Fraction):
-    """``a op b`` on exact rationals (a value expression with a decimal in it): ``/`` is
-    exact, ``//`` floors to an int, division by zero raises :class:`ValueExprError`."""
+def _arith(op: str, a, b):
+    """``a op b`` of a value expression: on two ints integer arithmetic (``/`` only where it
+    divides exactly, else :class:`ValueExprError`); on exact rationals (an expression with a
+    decimal or a float constant in it, ``Fraction``) ``/`` is exact, ``//`` floors to an int,
+    and division by zero raises :class:`ValueExprError`."""
     if op == "+":
         return a + b
     if op == "-":
         return a - b
     if op == "*":
         return a * b
-    if b == 0:
+    exact = isinstance(a, Fraction) or isinstance(b, Fraction)
+    if exact and b == 0:
         raise ValueExprError(f"{a} {op} 0: division by zero")
     if op == "/":
-        return a / b
-    if op == "//":
-        return a // b
-    return a % b
-
-
-def _arith(op: str, a: int, b: int) -> int:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
+        if exact:
+            return a / b
         if b == 0 or a % b:
             raise ValueExprError(f"{a}/{b} is not an exact division")
         return a // b

@@ -933,11 +933,14 @@ def _every_nest_tiled(by_id: dict, module: LeirModule, tiled: list[dict]) -> lis
 
     cur, steps = module, []
     for r in sorted(tiled, key=lambda r: -r["nest"]):
-        try:
-            done = apply_steps(by_id, cur, r["sequence"])
-            done += _tail_steps(by_id, cur, r["nest"], done)
-        except Exception:  # noqa: BLE001 - one proposal per nest still stands
-            return None
+        if cur is module:  # the last nest's steps from the unchanged program: the report's own
+            done = r["steps"]
+        else:
+            try:
+                done = apply_steps(by_id, cur, r["sequence"])
+                done += _tail_steps(by_id, cur, r["nest"], done)
+            except Exception:  # noqa: BLE001 - one proposal per nest still stands
+                return None
         steps += done
         cur = LeirModule(module.signature, parse_leir(done[-1]["leir"], "<tiled>").program)
     return steps
