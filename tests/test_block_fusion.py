@@ -24,10 +24,12 @@ from steptp.engine.apply import PreflightRejected, gpu_preflight_problems
 from steptp.leir import parse_leir
 from steptp.rules import load_rules
 from steptp.engine import macros as P
+from steptp.engine.recipes import load_recipe_text, recipes_in_effect
 from steptp.verify import verify_pair
 
 STP = Path(sys.executable).parent / "stp"
 RULES = {r.id: r for r in load_rules()}
+RECIPES = {r.id: r for r in recipes_in_effect()}
 HEAD = "% program: centre\n% input A: f32[4,32]\n% output F: f32[4,32]\n"
 TWO_KERNELS = HEAD + ("B^{4}_{bxa=0}B^{32}_{tya=0}[J^{f32,g}_{bxa}=J^{f32,g}_{bxa}+A^{f32,g}_{bxa,tya};];\n"
                       "B^{4}_{bxa=0}B^{32}_{tya=0}[F^{f32,g}_{bxa,tya}=A^{f32,g}_{bxa,tya}-J^{f32,g}_{bxa}/32.0;];\n")
@@ -104,7 +106,7 @@ def test_block_fusion_step_verifies_and_lowers_to_one_kernel_with_a_barrier():
 
 
 def test_the_row_sequence_fuses_a_layernorm_into_one_kernel():
-    """MACRO_SEQUENCES' row-wise sequence (rows to blocks, columns to threads, reductions to
+    """The row_kernels recipe (rows to blocks, columns to threads, reductions to
     cross-thread all-reduces, then fusion) on the translator's 4-kernel LayerNorm: one kernel,
     every step verified, the GPU preflight passes."""
     text = ("% program: layernorm\n% input A: f32[6,40]\n% param D: f32[40]\n% param E: f32[40]\n"
@@ -115,8 +117,7 @@ def test_the_row_sequence_fuses_a_layernorm_into_one_kernel():
             "B^{6}_{tx=0}L^{40}_{a=0}[F^{f32,g}_{tx,a}=(A^{f32,g}_{tx,a}-J^{f64,g}_{tx}/40.0)"
             "/sqrt(K^{f64,g}_{tx}/40.0+1e-05)*D^{f32,g}_{a}+E^{f32,g}_{a};];\n")
     root = parse_leir(text)
-    seq = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion")
-    mod, steps = _run_sequence(seq, root)
+    mod, steps = _run_sequence(RECIPES["row_kernels"], root)
     assert len(mod.program.nests) == 1, mod.text()
     assert [s["rule"] for s in steps].count("block_fusion") == 2
     assert gpu_preflight_problems(mod) == []
@@ -141,7 +142,7 @@ def test_block_fused_softmax_runs_equal_on_the_simulated_device(tmp_path):
 
 
 def _run_sequence(seq, root):
-    """The macro sequence from ``root``, every step verified against it (as the search does)."""
+    """The sequence recipe ``seq`` from ``root``, every step verified against it (as the search does)."""
     from steptp.leir import LeirModule, parse_program
 
     mod, steps = P.run_sequence(seq, RULES, root, random.Random(0))
@@ -158,8 +159,7 @@ def test_a_split_to_the_previous_nests_extents_lets_a_group_norm_fuse():
     root = parse_leir("% program: groupnorm\n% input A: f32[3,8]\n% output H: f32[3,8]\n"
                       "B^{3}_{tx=0}L^{2}_{a=0}L^{4}_{c=0}[N^{f32,g}_{tx,a}=N^{f32,g}_{tx,a}+A^{f32,g}_{tx,a*4+c};];\n"
                       "B^{3}_{tx=0}L^{8}_{a=0}[H^{f32,g}_{tx,a}=A^{f32,g}_{tx,a}-N^{f32,g}_{tx,a//4}/4.0;];\n")
-    plain = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] != "loop_split")
-    split = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
+    plain, split = RECIPES["row_kernels"], RECIPES["row_kernels_split_like_previous"]
     mod, _ = _run_sequence(plain, root)
     assert len(mod.program.nests) == 2, mod.text()
     mod, steps = _run_sequence(split, root)
@@ -177,8 +177,7 @@ def test_the_row_sequence_inlines_a_padding_nest_and_the_result_runs_on_the_simu
             "B^{5}_{tx=0}L^{12}_{a=0}L^{3}_{c=0}L^{3}_{d=0}[C^{f32,g}_{0,tx,a}=C^{f32,g}_{0,tx,a}"
             "+D^{f32,g}_{0,c,a+d}*W^{f32,g}_{tx,c,d};];\n")
     root = parse_leir(text)
-    seq = next(s for s in P.MACRO_SEQUENCES if s[0] == "compute_inline_indexed")
-    mod, steps = _run_sequence(seq, root)
+    mod, steps = _run_sequence(RECIPES["row_kernels"], root)
     assert steps[0]["rule"] == "compute_inline_indexed" and len(mod.program.nests) == 1, mod.text()
     assert "if_then_else(" in mod.text() and "D^{" not in mod.text()   # the pad is computed where read
     assert gpu_preflight_problems(mod) == []
@@ -234,7 +233,7 @@ def test_a_split_of_a_bound_loop_simplifies_the_group_reads_and_the_grid_filter_
     """A GroupNorm shaped like the translator's (the normalisation over all channels reads the
     group statistics at c//4): the split variant of the row sequence splits its channel loop as
     the group nests' 2 x 4 (the split simplifies (g*4+c)//4 to g), the row sequence's binding
-    keeps blocks outermost (loop_binding/grid: the fourth loop stays serial, not blockIdx.y),
+    keeps blocks outermost (row_kernels_split_like_previous's binding step with the block_axes_outermost filter: the fourth loop stays serial, not blockIdx.y),
     and block_fusion joins the three nests into one kernel. With the plain canonical binding
     the normalisation's last loop goes to blockIdx.y and block_fusion finds no site."""
     root = parse_leir(
@@ -245,14 +244,17 @@ def test_a_split_of_a_bound_loop_simplifies_the_group_reads_and_the_grid_filter_
         "+(A^{f32,g}_{tx*4+a,c,d,f}-I^{f64,g}_{tx}/120.0)*(A^{f32,g}_{tx*4+a,c,d,f}-I^{f64,g}_{tx}/120.0);];\n"
         "B^{8}_{tx=0}L^{3}_{a=0}L^{5}_{c=0}L^{2}_{d=0}[K^{f32,g}_{tx,a,c,d}=(A^{f32,g}_{tx,a,c,d}"
         "-I^{f64,g}_{tx//4}/120.0)/sqrt(J^{f64,g}_{tx//4}/120.0+1e-05);];\n")
-    split = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and s[0] == "loop_split")
-    assert "loop_binding/grid" in split
+    split = RECIPES["row_kernels_split_like_previous"]
+    assert {"rule": "loop_binding", "accept": "block_axes_outermost"} in split.spec["steps"]
     mod, steps = _run_sequence(split, root)
     assert steps[0]["rule"] == "loop_split" and steps[0]["params"] == {"f": 4}
     assert len(mod.program.nests) == 1, mod.text()
     assert "//" not in mod.text() and "B^{" in mod.text() and "_{bya" not in mod.text()
     assert gpu_preflight_problems(mod) == [] and verify_pair(root, mod, seed=3).ok
-    plain = tuple("loop_binding" if s == "loop_binding/grid" else s for s in split)
+    # the same recipe with its binding step unfiltered (a recipe is data: a changed copy)
+    plain = load_recipe_text(Path(split.source_path).read_text().replace(
+        "{rule: loop_binding, accept: block_axes_outermost}", "loop_binding"))
+    assert "accept" not in plain.spec["steps"][2]
     mod, _ = _run_sequence(plain, root)
     assert len(mod.program.nests) > 1 and "_{bya=0}" in mod.text(), mod.text()
 
@@ -260,9 +262,9 @@ def test_a_split_of_a_bound_loop_simplifies_the_group_reads_and_the_grid_filter_
 def test_a_softmax_over_channels_becomes_one_kernel_with_the_spatial_positions_as_the_grid():
     """The translator's softmax over the channel axis of (batch, channel, h, w): the max and sum
     nests run batch, h, w, then the channel reduction; the normalisation batch, channel, h, w.
-    The last rows variant moves that nest's channel loop inward (loop_reorder/match: one move,
+    The last rows variant moves that nest's channel loop inward (the order_matches_neighbour filter: one move,
     to the reductions' order), binds batch, h, w to blocks and the channels to threads
-    (loop_binding/rows, reduction_thread_binding: cross-thread all-reduces) and joins the three
+    (the blocks_while_free filter, reduction_thread_binding: cross-thread all-reduces) and joins the three
     nests: one kernel, grid 2 x 3 x 4, 5 threads, verified, preflight clean. The row sequence
     without the reorder keeps more than one kernel."""
     root = parse_leir(
@@ -273,8 +275,8 @@ def test_a_softmax_over_channels_becomes_one_kernel_with_the_spatial_positions_a
         "+exp(A^{f32,g}_{tx,d,a,c}-I^{f32,g}_{tx,a,c});];\n"
         "B^{2}_{tx=0}L^{5}_{a=0}L^{3}_{c=0}L^{4}_{d=0}[K^{f32,g}_{tx,a,c,d}=exp(A^{f32,g}_{tx,a,c,d}"
         "-I^{f32,g}_{tx,c,d})/J^{f32,g}_{tx,c,d};];\n")
-    seq = next(s for s in P.MACRO_SEQUENCES if s[0] == "loop_reorder/match")
-    assert "loop_binding/rows" in seq
+    seq = RECIPES["row_kernels_matched_order"]
+    assert seq.spec["steps"][0] == {"rule": "loop_reorder", "accept": "order_matches_neighbour", "required": True}
     mod, steps = _run_sequence(seq, root)
     assert steps[0]["rule"] == "loop_reorder" and steps[0]["params"] == {"order": [0, 2, 3, 1]}, steps[0]
     assert len(mod.program.nests) == 1, mod.text()
@@ -282,6 +284,5 @@ def test_a_softmax_over_channels_becomes_one_kernel_with_the_spatial_positions_a
     assert [(lp.var[:2], lp.extent) for lp in loops] == [("bx", 2), ("by", 3), ("bz", 4)], mod.text()
     assert "B^{5}_{txa=0}" in mod.text() and "^{f32,s}" in mod.text()
     assert gpu_preflight_problems(mod) == [] and verify_pair(root, mod, seed=4).ok
-    grid = next(s for s in P.MACRO_SEQUENCES if s[-1] == "block_fusion" and "loop_binding/grid" in s)
-    mod, _ = _run_sequence(grid, root)
+    mod, _ = _run_sequence(RECIPES["row_kernels"], root)
     assert len(mod.program.nests) > 1, mod.text()

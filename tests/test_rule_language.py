@@ -156,7 +156,7 @@ def test_value_functions_are_defined_once():
     # every value function lives in values.py (the GPU tiling ones in tiling.py, the floating-point
     # ones in signs.py) and is the registered one
     assert VALUE_FUNCTIONS == {**V.LANGUAGE_FUNCTIONS, **TL.TILING_FUNCTIONS, **SG.SIGN_FUNCTIONS} \
-        and len(VALUE_FUNCTIONS) == 95
+        and len(VALUE_FUNCTIONS) == 98
     assert not set(V.LANGUAGE_FUNCTIONS) & set(TL.TILING_FUNCTIONS)
     assert not (set(V.LANGUAGE_FUNCTIONS) | set(TL.TILING_FUNCTIONS)) & set(SG.SIGN_FUNCTIONS)
     assert all(fn.__module__ in ("steptp.engine.values", "steptp.engine.tiling", "steptp.engine.signs")

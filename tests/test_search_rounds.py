@@ -184,13 +184,14 @@ def test_macro_sequences_bind_fuse_and_join_the_bias_of_a_linear_layer_in_one_ke
     """The translator's Linear (a GEMM nest, then a bias-add nest over the same spatial loops)
     is two kernels; the canonical sequence "bind every nest, fuse, epilogue fusion" makes it one
     bound kernel, every step recorded and verified (issue 37: launches dominate at microseconds)."""
-    from steptp.engine.macros import MACRO_SEQUENCES
+    from steptp.engine.recipes import recipes_in_effect
 
     root = ("% program: linear\n% input A: f32[8,16]\n% param C: f32[96,16]\n% param D: f32[96]\n"
             "% output E: f32[8,96]\n"
             "B^{8}_{tx=0}L^{96}_{a=0}L^{16}_{c=0}[E^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}+A^{f32,g}_{tx,c}*C^{f32,g}_{a,c};];\n"
             "B^{8}_{tx=0}L^{96}_{a=0}[E^{f32,g}_{tx,a}=E^{f32,g}_{tx,a}+D^{f32,g}_{a};];\n")
-    assert ("loop_binding", "operator_fusion", "epilogue_fusion") in MACRO_SEQUENCES
+    assert ["loop_binding", "operator_fusion", "epilogue_fusion"] in [
+        [st["rule"] for st in r.spec["steps"]] for r in recipes_in_effect("sequence")]
     seq = [st for st in _proposals(root, 1) if [s["rule"] for s in st] == ["loop_binding", "loop_binding",
                                                                             "epilogue_fusion"]]
     assert seq, [[s["rule"] for s in st] for st in _proposals(root, 1)]
@@ -208,9 +209,10 @@ def test_a_long_serial_reduction_is_split_over_threads_by_an_rfactor_chain():
     alone adds a pass; binding its partial results' new loop (the follow-up, in the nests the
     rfactor changed) spreads the reduction (split-K). Proposed as two verified steps."""
     from steptp.cost_model.static import static_scores
-    from steptp.engine.macros import CHAINS
+    from steptp.engine.recipes import recipes_in_effect
 
-    assert CHAINS["reduction_factorization"] == ("loop_binding",)
+    assert {"first": "reduction_factorization", "then": ["loop_binding"]}.items() <= next(
+        r.spec for r in recipes_in_effect("chain") if r.spec["first"] == "reduction_factorization").items()
     root = ("% program: gemv\n% input A: f32[16,2048]\n% param C: f32[2048]\n% output E: f32[16]\n"
             "B^{16}_{tx=0}L^{2048}_{a=0}[E^{f32,g}_{tx}=E^{f32,g}_{tx}+A^{f32,g}_{tx,a}*C^{f32,g}_{a};];\n")
     pairs = [st for st in _proposals(root) if [s["rule"] for s in st] == ["reduction_factorization", "loop_binding"]]

@@ -14,7 +14,8 @@ import torch
 from steptp.backend import cuda_source
 from steptp.backend.errors import LoweringError, PreflightError
 from steptp.backend.tvmscript import lower_module
-from steptp.engine.macros import tensor_core_sequence, tiling_report
+from steptp.engine.macros import tiling_report
+from steptp.engine.recipes import recipes_in_effect, sequences
 from steptp.frontend.translate import translate_model
 from steptp.leir import LeirModule, parse_leir
 from steptp.rules import load_rules
@@ -71,10 +72,11 @@ def test_f16_matmul_1024_tensor_core_candidate_holds_hmma_in_sm90_machine_code(t
 def test_f32_matmul_and_sizes_off_the_wmma_shape_have_no_tensor_core_candidate():
     mod = _matmul(64, dtype=torch.float32)
     assert not [r for r in tiling_report(RULES, mod) if r.get("tensor_core")]
-    seq, why = tensor_core_sequence(0, mod.program.nests[0])
-    assert seq is None and "f16 factors" in why
-    seq, why = tensor_core_sequence(0, _matmul(72).program.nests[0])
-    assert seq is None and "multiples of 16" in why
+    tc = next(r for r in recipes_in_effect("tiling") if r.id == "tensor_core_tiling")
+    seqs, why, claimed = sequences(tc, mod, 0)
+    assert not seqs and claimed and "f16 factors" in why
+    seqs, why, claimed = sequences(tc, _matmul(72), 0)
+    assert not seqs and claimed and "multiples of 16" in why
 
 
 _KERNEL = ("B^{4}_{bx=0}B^{4}_{by=0}%s[L^{16}_{i=0}L^{16}_{j=0}[F^{f32,w}_{i,j}=0.0;];L^{4}_{ko=0}[L^{16}_{i=0}L^{16}_{k=0}"

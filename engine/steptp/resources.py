@@ -7,6 +7,7 @@ found the same way from a source checkout, an editable install and a wheel.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -17,6 +18,20 @@ import jinja2
 def rules_dir() -> Path:
     """Directory holding the shipped ``*.yaml`` rule files."""
     return Path(str(resources.files("steptp._rules")))
+
+
+#: The environment variable naming user rule folders (``:``-separated on POSIX, as ``PATH``),
+#: loaded after the shipped rules (and their ``recipes/`` after the shipped recipes); ``--rules
+#: DIR`` of the ``stp`` commands adds to it (and so reaches the worker processes those commands
+#: start).
+RULES_PATH_ENV = "STP_RULES_PATH"
+
+
+def user_rule_dirs() -> list[Path]:
+    """The user rule folders of ``$STP_RULES_PATH`` (:data:`RULES_PATH_ENV`), in order,
+    empty entries skipped, ``~`` expanded."""
+    env = os.environ.get(RULES_PATH_ENV, "")
+    return [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()]
 
 
 def templates_dir() -> Path:

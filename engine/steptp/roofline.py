@@ -75,6 +75,8 @@ Sources of the device table (dense figures, no 2:4 sparsity):
   TF32 / BF16 / FP16 Tensor Core 989 / 1,979 / 1,979 TFLOPS *with sparsity* (halved here),
   4.8 TB/s HBM3e. Same GH100 die, SM count (132) and clocks as the H100 SXM, so the non-tensor
   FP16/BF16 rate (2x FP32) is the H100 whitepaper's.
+* Streaming multiprocessors (``sms``): 132 on the H100 SXM5 (Hopper whitepaper, "H100 SXM5
+  ... 132 SMs"), and so on the H200 (same die); 108 on the A100 (Ampere GA100 whitepaper).
 * H100 SXM5: NVIDIA H100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h100/)
   and the NVIDIA H100 Tensor Core GPU Architecture whitepaper, table "Comparison of NVIDIA
   Data Center GPUs" (https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper):
@@ -125,7 +127,7 @@ class RooflineError(ValueError):
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU's datasheet figures. Peaks in FLOP/s (dense), ``dram_bytes_per_s`` in bytes/s,
-    launch facts in µs; ``sources``: the documents every figure comes from."""
+    ``sms`` streaming multiprocessors, launch facts in µs; ``sources``: the documents every figure comes from."""
 
     key: str
     name: str
@@ -139,6 +141,7 @@ class GpuSpec:
     bf16_tensor: float
     dram_bytes_per_s: float
     memory: str
+    sms: int = 0
     launch_us: float = 3.0
     graph_node_us: float = 1.0
     sources: tuple[str, ...] = ()
@@ -152,7 +155,7 @@ class GpuSpec:
                            "tf32_tensor": tf(self.tf32_tensor), "fp16": tf(self.fp16),
                            "fp16_tensor": tf(self.fp16_tensor), "bf16": tf(self.bf16),
                            "bf16_tensor": tf(self.bf16_tensor)},
-                "launch_us": self.launch_us, "graph_node_us": self.graph_node_us, "sources": list(self.sources)}
+                "sms": self.sms, "launch_us": self.launch_us, "graph_node_us": self.graph_node_us, "sources": list(self.sources)}
 
 
 _T = 1e12
@@ -163,19 +166,19 @@ _LAUNCH = "design.md §7: launch ~3 us, CUDA-graph node < 1 us"
 GPUS: dict[str, GpuSpec] = {
     "h200": GpuSpec("h200", "NVIDIA H200 SXM 141GB", fp64=33.5 * _T, fp64_tensor=66.9 * _T, fp32=66.9 * _T,
                     tf32_tensor=494.7 * _T, fp16=133.8 * _T, fp16_tensor=989.4 * _T, bf16=133.8 * _T,
-                    bf16_tensor=989.4 * _T, dram_bytes_per_s=4.8e12, memory="141 GB HBM3e",
+                    bf16_tensor=989.4 * _T, dram_bytes_per_s=4.8e12, memory="141 GB HBM3e", sms=132,
                     sources=("https://www.nvidia.com/en-us/data-center/h200/ (datasheet: FP32 67, FP16/BF16 "
                              "Tensor 1,979 sparse = 989 dense TFLOPS, 4.8 TB/s)",
                              _HOPPER_WP + " (same GH100 die and clocks: FP16/BF16 non-tensor 133.8)", _LAUNCH)),
     "h100": GpuSpec("h100", "NVIDIA H100 SXM5 80GB", fp64=33.5 * _T, fp64_tensor=66.9 * _T, fp32=66.9 * _T,
                     tf32_tensor=494.7 * _T, fp16=133.8 * _T, fp16_tensor=989.4 * _T, bf16=133.8 * _T,
-                    bf16_tensor=989.4 * _T, dram_bytes_per_s=3.35e12, memory="80 GB HBM3",
+                    bf16_tensor=989.4 * _T, dram_bytes_per_s=3.35e12, memory="80 GB HBM3", sms=132,
                     sources=("https://www.nvidia.com/en-us/data-center/h100/ (datasheet: 3.35 TB/s, FP32 67 TFLOPS)",
                              _HOPPER_WP + " (whitepaper table: FP32 66.9, FP16/BF16 133.8 non-tensor, 989.4 tensor)",
                              _LAUNCH)),
     "a100": GpuSpec("a100", "NVIDIA A100 SXM4 80GB", fp64=9.7 * _T, fp64_tensor=19.5 * _T, fp32=19.5 * _T,
                     tf32_tensor=156 * _T, fp16=78 * _T, fp16_tensor=312 * _T, bf16=39 * _T, bf16_tensor=312 * _T,
-                    dram_bytes_per_s=2.039e12, memory="80 GB HBM2e",
+                    dram_bytes_per_s=2.039e12, memory="80 GB HBM2e", sms=108,
                     sources=("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                              "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf (FP32 19.5, FP16 Tensor 312 TFLOPS, "
                              "2,039 GB/s)",

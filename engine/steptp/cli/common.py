@@ -148,4 +148,11 @@ def use_rule_dirs(dirs, load: bool = True) -> list:
     for p in paths if load else ():
         if p.resolve().parent != shipped:
             guard_rule(p, lambda p=p: load_rule(p))
+    if load:
+        from ..engine.recipes import RecipeError, recipes_in_effect
+
+        try:
+            recipes_in_effect()  # the user folders' recipes/ too: FILE:LINE:COL before any work
+        except RecipeError as e:
+            fail(str(e))
     return paths

@@ -241,6 +241,59 @@ def rules_docs(output: Optional[Path] = typer.Option(None, "-o", "--output",
     typer.echo(f"{output}: {'written' if changed else 'unchanged'} ({len(text.splitlines())} lines)")
 
 
+@rules_app.command("recipes")
+def rules_recipes(files: Optional[List[Path]] = typer.Argument(None, help="Recipe files or directories of them "
+                                                                         "(default: every recipe in effect)."),
+                  test: bool = typer.Option(False, "--test", help="Run each recipe's own tests (exit 1 if one "
+                                                                   "fails)."),
+                  no_verify: bool = typer.Option(False, "--no-verify", help="With --test: skip numeric "
+                                                                            "verification."),
+                  rule_dirs: Optional[List[Path]] = rules_option()):
+    """List the multi-step recipes (rules/recipes/*.yaml and the recipes/ folder of each --rules
+    folder): kind, id, the rules each chains; with --test run their own tests (the proposal the
+    recipe alone makes, its rules, its result, numeric verification)."""
+    from ..engine.recipes import RecipeError, load_recipe, recipes_in_effect
+    from ..rules import load_rules
+    from ..rules.recipe_tests import run_recipe_tests
+
+    use_rule_dirs(rule_dirs)
+    try:
+        if files:
+            recipes = []
+            for f in files:
+                found = sorted(Path(f).glob("*.yaml")) if Path(f).is_dir() else [Path(f)]
+                if not found or not all(p.is_file() for p in found):
+                    fail(f"{f}: no recipe files (*.yaml)")
+                recipes += [load_recipe(p) for p in found]
+        else:
+            recipes = recipes_in_effect()
+    except RecipeError as e:
+        fail(str(e))
+    if not test:
+        w = max([len("id")] + [len(r.id) for r in recipes])
+        typer.echo(f"{'kind':8}  {'id':{w}}  rules")
+        for r in recipes:
+            typer.echo(f"{r.kind:8}  {r.id:{w}}  {', '.join(r.rules)}")
+        typer.echo(f"{len(recipes)} recipe(s)")
+        return
+    by_id = {r.id: r for r in load_rules()}
+
+    def show(o):
+        mark = "ok  " if o.ok else "FAIL"
+        ver = {None: "", True: "  verified", False: "  NOT verified"}[o.verified]
+        typer.echo(f"{mark} {o.recipe} [{o.index}] {o.name} ({o.seconds:.1f} s){ver}")
+        if not o.ok:
+            typer.echo(f"     {o.where}: " + o.message.replace("\n", "\n     "))
+
+    outcomes = run_recipe_tests(recipes, by_id, verify=not no_verify, progress=show)
+    bad = [o for o in outcomes if not o.ok]
+    untested = [r.id for r in recipes if not r.spec.get("tests")]
+    typer.echo(f"{len(outcomes) - len(bad)} of {len(outcomes)} recipe test(s) passed"
+               + (f"; no tests: {', '.join(untested)}" if untested else ""))
+    if bad or not outcomes:
+        raise typer.Exit(1)
+
+
 @rules_app.command("tiling")
 def rules_tiling(inputs: List[Path] = typer.Argument(..., help=".leir files or directories."),
                  as_json: bool = typer.Option(False, "--json", help="One JSON object per program."),

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 from ..leir import ast as A
 from ..leir.analysis import index_names
+from ..roofline import GPUS
 from .opcount import _accesses, _value_ops
 
 #: Nanoseconds per kernel launch (back-to-back launches of small kernels). Measured on the
@@ -80,7 +81,7 @@ class GpuTarget:
     ``threads_per_sm`` threads, ``blocks_per_sm`` blocks, ``warps_per_sm`` warps; memory
     bandwidths in GB/s (= bytes per ns)."""
 
-    sms: int = 132
+    sms: int = GPUS["h100"].sms  # the device table of stp roofline
     freq_ghz: float = 1.7
     threads_per_sm: int = 2048
     blocks_per_sm: int = 32

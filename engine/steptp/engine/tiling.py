@@ -305,7 +305,43 @@ def all_serial(ctx, loops) -> bool:
     return all(l.kind == "L" for l in _loop_list(loops, "all_serial"))
 
 
+def tiled_extent(ctx, e, tile) -> int:
+    """``tiled_extent(e, t)``: the part of extent ``e`` that tiles of ``t`` cover: all of it
+    when ``t`` divides it, else what ``loop_partition`` keeps, a multiple of ``max(t, 16)``
+    (its smallest step); the rest is a tail nest."""
+    e, tile = _int_arg("tiled_extent", e), _int_arg("tiled_extent", tile)
+    return e if e % tile == 0 else e - e % max(tile, 16)
+
+
+def divisors(ctx, n) -> tuple[int, ...]:
+    """``divisors(n)``: the positive divisors of ``n``, ascending (a recipe's tries:
+    ``for: {t: "divisors(?N)"}``)."""
+    n = _int_arg("divisors", n)
+    return tuple(d for d in range(1, n + 1) if n % d == 0) if n > 0 else ()
+
+
+def sm_count(ctx) -> int:
+    """``sm_count()``: the streaming multiprocessors of the default GPU, from the device
+    table of ``stp roofline`` (:data:`steptp.roofline.GPUS`, the entry of
+    :data:`steptp.backend.hardware.DEFAULT_GPU`): a grid of fewer blocks leaves some idle."""
+    from ..backend.hardware import DEFAULT_GPU  # noqa: PLC0415
+    from ..roofline import gpu_model_for, gpu_spec  # noqa: PLC0415
+
+    return gpu_spec(gpu_model_for(DEFAULT_GPU.name) or "h100").sms
+
+
+def _int_arg(fn: str, x) -> int:
+    if isinstance(x, A.Int):
+        x = x.value
+    if not isinstance(x, int) or isinstance(x, bool):
+        raise ValueExprError(f"{fn}: expected an integer, got {x!r}")
+    return x
+
+
 TILING_FUNCTIONS = {
+    "tiled_extent": (2, tiled_extent),
+    "divisors": (1, divisors),
+    "sm_count": (0, sm_count),
     "accumulation_identity": (1, accumulation_identity),
     "dtype_bytes": (1, dtype_bytes),
     "eq_loops": (1, eq_loops),
@@ -336,4 +372,5 @@ register_value_functions(TILING_FUNCTIONS)
 __all__ = ["TILING_FUNCTIONS", "accumulation_identity",
            "eq_loops", "outer_loops", "reduction_axes", "thread_loops", "extent_product", "linear_index",
            "delinearized", "dtype_bytes", "loops_in_order", "serial_loop", "aligned_run",
-           "window_affine", "window_spans", "window_size", "window_index", "window_source", "all_serial"]
+           "window_affine", "window_spans", "window_size", "window_index", "window_source", "all_serial",
+           "tiled_extent", "divisors", "sm_count"]

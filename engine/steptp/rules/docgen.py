@@ -235,6 +235,15 @@ def _strings(node, path: str):
             yield from _strings(v, f"{path}[{i}]")
 
 
+def _shipped_recipes() -> list[tuple[str, dict]]:
+    """``(id, data)`` of the shipped recipes (``rules/recipes/*.yaml``), their value
+    expressions searched like the rules' (only the shipped ones: the page is deterministic)."""
+    from ..engine.recipes import load_recipes
+    from ..resources import rules_dir
+
+    return [(r.id, r.spec) for r in load_recipes([rules_dir() / "recipes"])]
+
+
 def _uses(rules, sections: tuple[str, ...], name: str) -> list[tuple[str, str, str]]:
     """``(rule id, field, text)`` of the strings of ``sections`` that call ``name(``."""
     call = re.compile(rf"(?<![\w?.]){re.escape(name)}\(")
@@ -519,21 +528,29 @@ def rule_language_page(rules_directory=None) -> str:
       "expression is not a string literal.")
     w("")
     sections = ("let", "params", "where", "rewrite", "filter", "fresh")
+    recipes = _shipped_recipes()
     for name in sorted(values):
         arity, fn = values[name]
         uses = _uses(rules, sections, name)
+        in_recipes = _uses(recipes, ("when", "tries", "steps"), name)
         w(f"### `{name}`")
         w("")
         w(f"`{name}({_value_args(name, arity, fn)})`: {_value_meaning(name, fn) or UNDOCUMENTED}")
         w("")
-        ex = _example(uses)
+        ex = _example(uses) or (_example(in_recipes).replace("Example (`", "Example (recipe `", 1)
+                                if in_recipes else "")
         if not ex and name in VALUE_FUNCTION_EXAMPLES:
             code, note = VALUE_FUNCTION_EXAMPLES[name]
             ex = f"Example: `{code}`: {note}."
         if ex:
             w(ex)
             w("")
-        w(_users(rid for rid, _f, _t in uses))
+        if uses or not in_recipes:
+            w(_users(rid for rid, _f, _t in uses))
+        if in_recipes:
+            ids = sorted({rid for rid, _f, _t in in_recipes})
+            w(("Also used" if uses else "Used") + " by the recipe(s) " + ", ".join(f"`{i}`" for i in ids)
+              + " (`rules/recipes/`).")
         w("")
     # -- primitives
     w("## Rewrite primitives")

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from ..resources import rules_dir
+from ..resources import RULES_PATH_ENV, rules_dir, user_rule_dirs
 from ..engine.primitives import MAX_DOMAIN_VALUES
 from .checks import check_rule
 from .positions import locate_error
@@ -359,19 +359,6 @@ def load_rule(path: str | os.PathLike) -> Rule:
 def default_rules_dir() -> Path:
     """The shipped rule directory (package ``steptp._rules`` = repo-root ``rules/``)."""
     return rules_dir()
-
-
-#: The environment variable naming user rule folders (``:``-separated on POSIX, as ``PATH``),
-#: loaded after the shipped rules; ``--rules DIR`` of the ``stp`` commands adds to it (and so
-#: reaches the worker processes those commands start).
-RULES_PATH_ENV = "STP_RULES_PATH"
-
-
-def user_rule_dirs() -> list[Path]:
-    """The user rule folders of ``$STP_RULES_PATH`` (:data:`RULES_PATH_ENV`), in order,
-    empty entries skipped, ``~`` expanded."""
-    env = os.environ.get(RULES_PATH_ENV, "")
-    return [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()]
 
 
 def rule_paths(report=None) -> list[Path]:
