@@ -146,6 +146,18 @@ def test_a_user_recipe_from_a_rules_folder_is_listed_tested_and_proposed(tmp_pat
                                                                                   parse_leir(prog), 0)]
 
 
+def test_a_tiling_recipe_with_a_wrong_loop_name_costs_only_its_nest_a_reason():
+    """A user recipe that names a loop its form does not give (``mm`` for ``m``) does not stop
+    the proposals: the nest's report names the recipe, its file and the loop."""
+    from steptp.engine.macros import tiling_report
+
+    bad = load_recipe_text("id: typo_tiling\nkind: tiling\nform: gemm\nsteps:\n"
+                           "  - {rule: loop_split, loop: mm, params: {f: 16}}\n", "/u/recipes/typo_tiling.yaml")
+    rep = tiling_report(RULES, _gemm(64, 64, 64), [bad])
+    assert len(rep) == 1 and "recipe typo_tiling (/u/recipes/typo_tiling.yaml)" in rep[0]["reason"]
+    assert "no loop named 'mm'" in rep[0]["reason"], rep
+
+
 def test_the_driver_names_no_strategy_and_no_device_figure():
     """engine/macros.py, recipes.py and forms.py know no rule or recipe by name, and no SM
     count: those are the recipes' and the device table's."""

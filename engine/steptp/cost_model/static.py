@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from ..leir import ast as A
 from ..leir.analysis import index_names, self_reference_kind
+from ..roofline import GPUS
 from .gpu import estimate_gpu_ns
 from .opcount import _accesses, _ops  # noqa: F401  (re-exported: features.py reads them here)
 
@@ -62,7 +63,7 @@ class Target:
     freq_ghz: float = 2.5
     vector_bytes: int = 32
     bw_gbs: float = 20.0
-    sms: int = 132
+    sms: int = GPUS["h100"].sms  # stp roofline's device table
     cache_gbs: float = 100.0
     cache_bytes: int = 1 << 20
     l3_gbs: float = 50.0
@@ -72,7 +73,7 @@ class Target:
     @staticmethod
     def for_name(name: str) -> "Target":
         if name == "cuda":
-            return Target("cuda", cores=1, freq_ghz=1.7, vector_bytes=4, bw_gbs=3000.0, sms=132)
+            return Target("cuda", cores=1, freq_ghz=1.7, vector_bytes=4, bw_gbs=3000.0, sms=GPUS["h100"].sms)
         try:  # steptp.runner.timing runs TVM's CPU pool with TVM_NUM_THREADS threads (1 unless set)
             cores = max(1, int(os.environ.get("TVM_NUM_THREADS") or 1))
         except ValueError:

@@ -185,6 +185,19 @@ def _recipes(kind: str, recipes=None) -> list:
     return [r for r in recipes if r.kind == kind]
 
 
+def _sequences(recipe, module: LeirModule, k: int):
+    """:func:`steptp.engine.recipes.sequences`, with a recipe that fails on this nest (a loop
+    name its form does not give, an unbound ``?name``: a user recipe's error) claiming the
+    nest with the error as its reason instead of stopping every proposal."""
+    from .domains import ValueExprError  # noqa: PLC0415
+    from .recipes import RecipeError, sequences  # noqa: PLC0415
+
+    try:
+        return sequences(recipe, module, k)
+    except (RecipeError, ValueExprError) as e:
+        return [], f"recipe {recipe.id} ({recipe.source_path}): {e}", True
+
+
 def tiling_report(by_id: dict, module: LeirModule, recipes=None) -> list[dict]:
     """For every top-level nest that a ``tiling`` recipe's form claims (``recipes``: the
     loaded recipes, default those in effect, :func:`steptp.engine.recipes.recipes_in_effect`):
@@ -194,8 +207,6 @@ def tiling_report(by_id: dict, module: LeirModule, recipes=None) -> list[dict]:
     and the GPU preflight decide) or ``{"nest": k, "reason": text}`` (why none applies: the
     form, the extents, or the first step that failed and its error); then one entry per
     ``alongside`` recipe that applies too (its ``marks`` added, e.g. ``tensor_core``)."""
-    from .recipes import sequences  # noqa: PLC0415
-
     tilings = _recipes("tiling", recipes)
     tails = _recipes("tail", recipes)
     main = [r for r in tilings if not r.spec.get("alongside")]
@@ -204,7 +215,7 @@ def tiling_report(by_id: dict, module: LeirModule, recipes=None) -> list[dict]:
     for k in range(len(module.program.nests)):
         seqs, reasons, claimed = [], [], False
         for r in main:
-            got, why, mine = sequences(r, module, k)
+            got, why, mine = _sequences(r, module, k)
             claimed |= mine
             missing = [x for x in r.rules if x not in by_id]
             if got and missing:
@@ -229,7 +240,7 @@ def tiling_report(by_id: dict, module: LeirModule, recipes=None) -> list[dict]:
         for r in besides:
             if any(x not in by_id for x in r.rules):
                 continue
-            got, _why, _mine = sequences(r, module, k)
+            got, _why, _mine = _sequences(r, module, k)
             for seq in got[:1]:
                 try:
                     out.append({"nest": k, "steps": apply_steps(by_id, module, seq), "sequence": seq,
@@ -245,7 +256,6 @@ def _tail_steps(by_id: dict, module: LeirModule, k: int, steps: list[dict], tail
     each, the first ``tail`` recipe of ``tails`` whose form and conditions it meets (its
     first try). A tail where no recipe applies, or whose steps do not apply, stays as it is."""
     from ..leir import parse_leir  # noqa: PLC0415
-    from .recipes import sequences  # noqa: PLC0415
 
     if not steps:
         return []
@@ -256,7 +266,7 @@ def _tail_steps(by_id: dict, module: LeirModule, k: int, steps: list[dict], tail
         for r in tails:
             if any(x not in by_id for x in r.rules):
                 continue
-            got, _why, _mine = sequences(r, cur, j)
+            got, _why, _mine = _sequences(r, cur, j)
             if not got:
                 continue
             try:

@@ -428,10 +428,20 @@ def expand_steps(steps: list[dict], env: dict, k: int, module) -> list[tuple]:
             else:
                 params[p] = _ev(x, env, module)
         if "split" in st:
-            i = spec["loop"]
+            i = spec["loop"] % len(names) if names else 0
             names[i:i + 1] = list(st["split"])
         out.append((st["rule"], spec, params))
     return out
+
+
+class _Keep(dict):
+    def __missing__(self, key):
+        return "{" + key + "}"
+
+
+def _fill(text: str, env: dict) -> str:
+    """``text`` with its ``{name}`` placeholders filled from ``env`` (others left as they are)."""
+    return str(text).format_map(_Keep(env))
 
 
 def sequences(recipe: Recipe, module, k: int) -> tuple[list[list[tuple]], str | None, bool]:
@@ -449,13 +459,13 @@ def sequences(recipe: Recipe, module, k: int) -> tuple[list[list[tuple]], str | 
         if not _truth(cond, env, module):
             why = w.get("reason", f"{recipe.id}: {cond} does not hold") if isinstance(w, dict) else \
                 f"{recipe.id}: {cond} does not hold"
-            return [], why.format(**env), True
+            return [], _fill(why, env), True
     tries = [{}]
     if recipe.spec.get("tries"):
         tries = _tries(recipe.spec["tries"], env, module)
         if not tries:
             why = recipe.spec.get("unfit", f"{recipe.id}: no parameters fit (extents {{ext}})")
-            return [], why.format(**env), True
+            return [], _fill(why, env), True
     return [expand_steps(recipe.spec["steps"], {**env, **t}, k, module) for t in tries], None, True
 
 
