@@ -108,6 +108,11 @@ def test_bad_recipe_files_name_file_line_and_column(tmp_path):
             load_recipe_text(text, str(d / name))
         assert re.search(want, str(e.value)), str(e.value)
         assert str(e.value).startswith(str(d / name))
+    # a rule id that no rule file has: named with a did-you-mean, exit 2
+    (tmp_path / "one.yaml").write_text("id: one\nkind: macro\nrule: loop_bindng\n")
+    r = subprocess.run([str(STP), "rules", "recipes", str(tmp_path / "one.yaml")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "no rule 'loop_bindng' is loaded; did you mean 'loop_binding'?" in r.stderr, r.stderr
     # through the CLI: exit 2, the message, no traceback
     (d / "typo_field.yaml").write_text(cases["typo_field.yaml"][0])
     r = subprocess.run([str(STP), "rules", "recipes", "--rules", str(d.parent)], capture_output=True, text=True,

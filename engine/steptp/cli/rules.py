@@ -269,6 +269,15 @@ def rules_recipes(files: Optional[List[Path]] = typer.Argument(None, help="Recip
             recipes = recipes_in_effect()
     except RecipeError as e:
         fail(str(e))
+    import difflib
+
+    by_id = {r.id: r for r in load_rules()}
+    for r in recipes:  # a recipe naming a rule that is not loaded would propose nothing, silently
+        for rid in r.rules:
+            if rid not in by_id:
+                near = difflib.get_close_matches(rid, sorted(by_id), n=1)
+                fail(f"{r.source_path}: recipe {r.id}: no rule {rid!r} is loaded"
+                     + (f"; did you mean {near[0]!r}?" if near else ""))
     if not test:
         w = max([len("id")] + [len(r.id) for r in recipes])
         typer.echo(f"{'kind':8}  {'id':{w}}  rules")
@@ -276,7 +285,6 @@ def rules_recipes(files: Optional[List[Path]] = typer.Argument(None, help="Recip
             typer.echo(f"{r.kind:8}  {r.id:{w}}  {', '.join(r.rules)}")
         typer.echo(f"{len(recipes)} recipe(s)")
         return
-    by_id = {r.id: r for r in load_rules()}
 
     def show(o):
         mark = "ok  " if o.ok else "FAIL"
