@@ -177,3 +177,24 @@ def test_discover_prefers_python_over_its_leir_and_skips_non_models(tmp_path):
     with pytest.raises(ValueError, match="expected a .py model file"):
         (tmp_path / "x.txt").write_text("")
         discover([tmp_path / "x.txt"])
+
+
+def test_expansion_strategies_are_the_rules_marked_so(tmp_path, monkeypatch):
+    """§3.4's lower keep rate applies to the rules whose file says ``expansion: true``: the
+    shipped ``expand_`` rules and ``apart``, and a user rule that says so; not to the
+    simplifications they undo."""
+    from pathlib import Path
+
+    from steptp.dataset.difficulty import is_expansion
+    from steptp.rules import load_rules
+
+    ids = {r.id for r in load_rules()}
+    marked = {i for i in ids if is_expansion(i)}
+    assert marked == {i for i in ids if i.startswith("expand_")} | {"apart"}
+    assert not is_expansion("together") and not is_expansion("logsimp") and not is_expansion("no_such_rule")
+    src = Path(__file__).resolve().parents[1] / "rules" / "together.yaml"
+    text = src.read_text().replace("id: together", "id: together_again").replace("inverse: apart\n", "expansion: true\n")
+    assert "expansion: true" in text
+    (tmp_path / "together_again.yaml").write_text(text)
+    monkeypatch.setenv("STP_RULES_PATH", str(tmp_path))
+    assert is_expansion("together_again") and not is_expansion("together")

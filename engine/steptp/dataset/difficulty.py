@@ -12,7 +12,7 @@ Filtering policy (paper §3.4; ratios configurable, sampling seeded):
   with at least ``min_multi`` (2) items left.
 * single-answer: keep ``easy_keep_simplify`` (20 %) of easy *simplification* strategies and
   ``easy_keep_expand`` (4 %) of easy *expansion* strategies (those that undo a
-  simplification: rule ids starting with ``expand_`` plus ``apart``); keep every medium and
+  simplification: the rules marked ``expansion: true``, the ``expand_`` rules and ``apart``); keep every medium and
   difficult item.
 
 That is the ``default`` profile: one multi-answer record per program, every medium and
@@ -26,6 +26,7 @@ distinct steps, each step in at most two of them, and a token bound on each.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -40,8 +41,24 @@ EASY, MEDIUM, DIFFICULT = "easy", "medium", "difficult"
 
 
 def is_expansion(strategy_id: str) -> bool:
-    """Expansion-type easy strategies (inverse of a simplification), kept at the lower rate."""
-    return strategy_id.startswith("expand_") or strategy_id == "apart"
+    """Whether ``strategy_id`` is an expansion-type strategy (the inverse of a simplification:
+    its rule file says ``expansion: true``), whose easy steps §3.4's filter keeps at the lower
+    rate. False for an id no rule in effect has."""
+    return strategy_id in _expansions()
+
+
+@functools.lru_cache(maxsize=8)
+def _expansion_ids(paths: tuple[str, ...]) -> frozenset[str]:
+    from ..rules.loader import load_rule
+
+    return frozenset(r.id for r in (load_rule(p) for p in paths) if r.expansion)
+
+
+def _expansions() -> frozenset[str]:
+    """The ids of the expansion rules in effect (shipped rules and ``$STP_RULES_PATH``'s)."""
+    from ..rules.loader import rule_paths
+
+    return _expansion_ids(tuple(str(p) for p in rule_paths()))
 
 
 #: Profiles of ``stp dataset --profile``: ``default`` is the §3.4 filter over one

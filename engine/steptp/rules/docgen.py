@@ -37,6 +37,9 @@ FIELD_DOCS: dict[str, str] = {
     "description": "The fixed strategy sentence that opens every CoT of the rule.",
     "source": "Optional free text: where the strategy comes from (paper section, TVM schedule primitive).",
     "inverse": "Optional id of the inverse strategy (`loop_fusion` for `loop_split`).",
+    "expansion": "Optional `true` for an expansion, the inverse of a simplification (`expand_log`, `apart`): "
+                 "the dataset's difficulty filter (paper §3.4) keeps fewer of its easy steps than of a "
+                 "simplification's.",
     "follows": "Optional ids of strategies whose output offers sites that source programs lack; "
                "`stp dataset --follow-ups` tries this rule on their results.",
     "preconditions": "Names of the paper's nine feasibility checks (App. A.2) the rule relies on; "

@@ -96,6 +96,9 @@ class Rule:
     cot: str
     tests: tuple[RuleTest, ...]
     inverse: str | None = None
+    #: an expansion (the inverse of a simplification, ``expansion: true``): §3.4's filter keeps
+    #: fewer of its easy steps (:func:`steptp.dataset.difficulty.is_expansion`)
+    expansion: bool = False
     #: strategies whose verified output this rule is tried on when the source program offers
     #: it no verified step (``stp dataset --follow-ups``, :mod:`steptp.dataset.generate`)
     follows: tuple[str, ...] = ()
@@ -185,7 +188,7 @@ def _build(data: dict, source: str, path: str | None) -> Rule:
                 preconditions=tuple(data["preconditions"]), difficulty={"K": d["K"], "P": d["P"], "S": d["S"]},
                 scope=scope, match=match, where=tuple(data.get("where", ())), params=dict(data.get("params", {})),
                 let=let, fresh=dict(data.get("fresh", {})), rewrite=rewrite, cot=data["cot"],
-                tests=tuple(tests), inverse=data.get("inverse"), follows=tuple(data.get("follows", ())),
+                tests=tuple(tests), inverse=data.get("inverse"), expansion=bool(data.get("expansion", False)), follows=tuple(data.get("follows", ())),
                 source=data.get("source"), path=path, raw=data,
                 key=key)
 

@@ -129,6 +129,7 @@ RULE_SCHEMA: dict[str, Any] = {
         "description": {"type": "string", "minLength": 1},
         "source": {"type": "string"},
         "inverse": {"type": ["string", "null"], "pattern": r"^[a-z][a-z0-9_]*$"},
+        "expansion": {"type": "boolean"},
         "follows": {"type": "array", "items": {"type": "string", "pattern": r"^[a-z][a-z0-9_]*$"},
                     "uniqueItems": True},
         "preconditions": {"type": "array", "items": {"enum": list(PRECONDITIONS)}, "uniqueItems": True},
