@@ -98,10 +98,10 @@ def test_bad_recipe_files_name_file_line_and_column(tmp_path):
         "bad_form.yaml": ("id: bad_form\nkind: tiling\nform: gemmm\nsteps: [{rule: loop_split}]\n",
                           r":3:7: form: unknown form 'gemmm'; did you mean 'gemm'\?"),
         "bad_value.yaml": ("id: bad_value\nkind: tiling\nform: gemm\nsteps:\n  - {rule: loop_split, loop: m, "
-                           "params: {f: \"tiled_extnt(?M, 4)\"}}\n", r":5:\d+: steps\.0\.params\.f: unknown value "
+                           "params: {f: \"tiled_extnt(?M, 4)\"}}\n", r":5:\d+: steps\[0\]\.params\.f: unknown value "
                            r"function 'tiled_extnt'; did you mean 'tiled_extent'\?"),
         "bad_filter.yaml": ("id: bad_filter\nkind: sequence\nsteps:\n  - {rule: loop_binding, accept: blocks_first}\n",
-                            r":4:\d+: steps\.0\.accept: unknown site filter"),
+                            r":4:\d+: steps\[0\]\.accept: unknown site filter"),
     }
     for name, (text, want) in cases.items():
         with pytest.raises(RecipeError) as e:

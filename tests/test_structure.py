@@ -127,7 +127,8 @@ def test_no_import_cycles_through_package_inits():
 #: import its own layer and the layers below it, never one above, and no two packages import
 #: each other (so the package-level import graph is acyclic). A new package is placed here.
 LAYERS: list[tuple[str, ...]] = [
-    ("steptp", "steptp.seeds", "steptp.io", "steptp.faults", "steptp.resources", "steptp.timelimit"),
+    ("steptp", "steptp.seeds", "steptp.io", "steptp.faults", "steptp.resources", "steptp.timelimit",
+     "steptp.positions"),
     ("steptp.leir",),
     ("steptp.roofline", "steptp.backend"),   # backend.poison: the NaN table the runner compares with
     ("steptp.cost_model",),

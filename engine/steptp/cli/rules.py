@@ -269,15 +269,13 @@ def rules_recipes(files: Optional[List[Path]] = typer.Argument(None, help="Recip
             recipes = recipes_in_effect()
     except RecipeError as e:
         fail(str(e))
-    import difflib
+    from ..positions import did_you_mean
 
     by_id = {r.id: r for r in load_rules()}
     for r in recipes:  # a recipe naming a rule that is not loaded would propose nothing, silently
         for rid in r.rules:
             if rid not in by_id:
-                near = difflib.get_close_matches(rid, sorted(by_id), n=1)
-                fail(f"{r.source_path}: recipe {r.id}: no rule {rid!r} is loaded"
-                     + (f"; did you mean {near[0]!r}?" if near else ""))
+                fail(f"{r.source_path}: recipe {r.id}: no rule {rid!r} is loaded" + did_you_mean(rid, by_id, n=1))
     if not test:
         w = max([len("id")] + [len(r.id) for r in recipes])
         typer.echo(f"{'kind':8}  {'id':{w}}  rules")

@@ -99,13 +99,8 @@ def gemm_form(nest) -> tuple[tuple[str, str], bool, int] | None:
     return (reads[0], reads[1]), len(tgt) == 3, len(loops) - len(tgt) - 1
 
 
-def _bytes_of(eq, name: str) -> int:
-    """Bytes per element of tensor ``name`` as equation ``eq`` reads it (4 if not read)."""
-    return next((A.DTYPE_BYTES.get(t.dtype, 4) for t in A.walk(eq.value)
-                 if isinstance(t, A.Tensor) and t.name == name), 4)
-
-
 def _dtype_of(eq, name: str) -> str | None:
+    """The dtype of tensor ``name`` as equation ``eq`` reads it (None if not read)."""
     return next((t.dtype for t in A.walk(eq.value) if isinstance(t, A.Tensor) and t.name == name), None)
 
 
@@ -176,7 +171,7 @@ def form_conv2d(nest):
     batch = len(ext) == 7
     co, oh, ow, ci, kh, kw = ext[-6:]
     return {"X": reads[0], "Y": reads[1], "batch": batch, "CO": co, "OH": oh, "OW": ow, "CI": ci, "KH": kh,
-            "KW": kw, "in_bytes": _bytes_of(eq, reads[0]), "ext": ext,
+            "KW": kw, "in_bytes": A.DTYPE_BYTES.get(_dtype_of(eq, reads[0]), 4), "ext": ext,
             "loops": (["n"] if batch else []) + ["co", "oh", "ow", "ci", "kh", "kw"]}
 
 

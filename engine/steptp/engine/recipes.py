@@ -34,7 +34,6 @@ MultiLevelTiling's tile tries), ast-grep (rules and their tests as files).
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -42,6 +41,7 @@ from pathlib import Path
 
 import yaml
 
+from ..positions import did_you_mean, inner_position, locate_field
 from .domains import EvalContext, VALUE_FUNCTIONS, ValueExprError, eval_value, is_expression, parse_value
 from .forms import FORMS, SITE_FILTERS
 
@@ -94,53 +94,47 @@ class Recipe:
 # ---------------------------------------------------------------------------
 
 
-def _marks(node, path=(), keys=None) -> dict:
-    """``{path: (line, column)}`` (1-based) of every node of a composed YAML document; a path
-    is a tuple of mapping keys and sequence positions. ``keys`` (a dict) receives the
-    positions of the mapping keys themselves."""
-    out = {path: (node.start_mark.line + 1, node.start_mark.column + 1)}
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            if keys is not None:
-                keys[path + (k.value,)] = (k.start_mark.line + 1, k.start_mark.column + 1)
-            out.update(_marks(v, path + (k.value,), keys))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out.update(_marks(v, path + (i,), keys))
+def _field(where: tuple) -> str:
+    """A field path as rule errors write it: ``("steps", 0, "params", "f")`` ->
+    ``steps[0].params.f``."""
+    out = ""
+    for part in where:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
 class _Checker:
+    """Checks of one recipe file, each failure a :class:`RecipeError` placed in the text by
+    :mod:`steptp.positions` (as rule errors are)."""
+
     def __init__(self, path: str, text: str):
-        self.path = path
+        self.path, self.text = path, text
         try:
-            node = yaml.compose(text)
+            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"{mark.line + 1}:{mark.column + 1}" if mark else "1:1"
             raise RecipeError(f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-        self.key_marks: dict = {}
-        self.marks = _marks(node, (), self.key_marks) if node is not None else {(): (1, 1)}
 
-    def fail(self, where: tuple, msg: str, at_key: bool = False):
-        p = tuple(where)
-        if at_key and p in self.key_marks:
-            line, col = self.key_marks[p]
-            raise RecipeError(f"{self.path}:{line}:{col}: {'.'.join(str(x) for x in p)}: {msg}")
-        while p not in self.marks and p:
-            p = p[:-1]
-        line, col = self.marks.get(p, (1, 1))
-        name = ".".join(str(x) for x in where) or "recipe"
-        raise RecipeError(f"{self.path}:{line}:{col}: {name}: {msg}")
+    def fail(self, where: tuple, msg: str, name: str | None = None, inner: str | None = None):
+        """Raise :class:`RecipeError` for field ``where``: placed at ``name`` inside the field
+        when given, else where a parse error ``inner`` (``at line 1, column N``) points inside
+        a one-line scalar, else at the field's key or item."""
+        field = _field(where)
+        pos = None
+        if self.root is not None:
+            pos = (inner_position(self.text, field, inner, self.root) if inner else None) \
+                or locate_field(self.text, field, name, self.root)
+        line, col = pos or (1, 1)
+        raise RecipeError(f"{self.path}:{line}:{col}: {field or 'recipe'}: {msg}")
 
     def keys(self, d, allowed: set, where: tuple):
         if not isinstance(d, dict):
             self.fail(where, f"expected a mapping, got {type(d).__name__}")
         for k in d:
             if k not in allowed:
-                near = difflib.get_close_matches(str(k), sorted(allowed), n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else f" (allowed: {', '.join(sorted(allowed))})"
-                self.fail(where + (k,), f"unknown field {k!r}{hint}", at_key=True)
+                hint = did_you_mean(str(k), allowed, n=1) or f" (allowed: {', '.join(sorted(allowed))})"
+                self.fail(where + (k,), f"unknown field {k!r}{hint}")
 
     def value(self, v, where: tuple):
         """A value expression parses and names only known value functions."""
@@ -157,17 +151,15 @@ class _Checker:
         try:
             tree = parse_value(v)
         except Exception as e:  # noqa: BLE001 - a pattern error: its text names the column
-            self.fail(where, f"bad value expression: {e}")  # noqa: B904 - fail raises
+            self.fail(where, f"bad value expression: {e}", inner=str(e))  # noqa: B904 - fail raises
         for fn in _calls(tree):
             if fn not in VALUE_FUNCTIONS:
-                near = difflib.get_close_matches(fn, sorted(VALUE_FUNCTIONS), n=1)
-                self.fail(where, f"unknown value function {fn!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+                self.fail(where, f"unknown value function {fn!r}" + did_you_mean(fn, VALUE_FUNCTIONS, n=1), name=fn)
 
     def name(self, v, table: dict, what: str, where: tuple):
         if v not in table:
-            near = difflib.get_close_matches(str(v), sorted(table), n=1)
-            self.fail(where, f"unknown {what} {v!r}" + (f"; did you mean {near[0]!r}?" if near else
-                                                        f" (known: {', '.join(sorted(table))})"))
+            self.fail(where, f"unknown {what} {v!r}" + (did_you_mean(str(v), table, n=1)
+                                                       or f" (known: {', '.join(sorted(table))})"), name=str(v))
 
 
 def _calls(tree) -> set[str]:
@@ -193,7 +185,7 @@ def load_recipe_text(text: str, path: str = "<recipe>") -> Recipe:
         c.fail((), "a recipe is a mapping")
     kind = d.get("kind")
     if kind not in KINDS:
-        c.fail(("kind",), f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        c.fail(("kind",), f"kind must be one of {', '.join(KINDS)}, got {kind!r}", name=str(kind))
     c.keys(d, _FIELDS[kind], ())
     for f in sorted(_REQUIRED[kind] - set(d)):
         c.fail((), f"a {kind} recipe needs {f!r}")
@@ -272,7 +264,7 @@ def load_recipe_text(text: str, path: str = "<recipe>") -> Recipe:
         if not any(k in t for k in ("refused", "rules", "after", "contains")):
             c.fail(("tests", i), "a test expects something: rules, after, contains or refused")
         t.setdefault("name", f"test {i}")
-        t["line"] = c.marks.get(("tests", i), (1, 1))[0]
+        t["line"] = (locate_field(text, f"tests[{i}]", root=c.root) or (1, 1))[0]
     return Recipe(rid, kind, order, d, path, str(d.get("description", "")).strip())
 
 

@@ -22,7 +22,7 @@ from ..leir.indexarith import simplify_index
 from .navigation import enclosing_loops
 from .domains import register_value_functions
 from .primitives import EqRef, NestRef, ValueExprError, get_item
-from .values import _expr, _loop_list, _name, _seq, _shape, free_indices, subst_index
+from .values import _expr, _int, _loop_list, _name, _seq, _shape, free_indices, subst_index
 
 
 def _eq(fn: str, ctx, e) -> A.Assign:
@@ -309,14 +309,14 @@ def tiled_extent(ctx, e, tile) -> int:
     """``tiled_extent(e, t)``: the part of extent ``e`` that tiles of ``t`` cover: all of it
     when ``t`` divides it, else what ``loop_partition`` keeps, a multiple of ``max(t, 16)``
     (its smallest step); the rest is a tail nest."""
-    e, tile = _int_arg("tiled_extent", e), _int_arg("tiled_extent", tile)
+    e, tile = _int("tiled_extent", e), _int("tiled_extent", tile)
     return e if e % tile == 0 else e - e % max(tile, 16)
 
 
 def divisors(ctx, n) -> tuple[int, ...]:
     """``divisors(n)``: the positive divisors of ``n``, ascending (a recipe's tries:
     ``for: {t: "divisors(?N)"}``)."""
-    n = _int_arg("divisors", n)
+    n = _int("divisors", n)
     return tuple(d for d in range(1, n + 1) if n % d == 0) if n > 0 else ()
 
 
@@ -328,14 +328,6 @@ def sm_count(ctx) -> int:
     from ..roofline import gpu_model_for, gpu_spec  # noqa: PLC0415
 
     return gpu_spec(gpu_model_for(DEFAULT_GPU.name) or "h100").sms
-
-
-def _int_arg(fn: str, x) -> int:
-    if isinstance(x, A.Int):
-        x = x.value
-    if not isinstance(x, int) or isinstance(x, bool):
-        raise ValueExprError(f"{fn}: expected an integer, got {x!r}")
-    return x
 
 
 TILING_FUNCTIONS = {
